@@ -1,0 +1,73 @@
+"""Interruption points (DESIGN §5, contract).
+
+``JUPYTER_GOALS_CRASH_AT=<point>`` or ``<point>#<n>`` makes whichever process reaches the point
+(the n-th time) call ``os._exit(86)``. A point fires once per state dir: the marker file
+``<state_dir>/faults/<point>.fired`` is created first, and a point whose file exists never fires again.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+POINTS = frozenset(
+    {
+        "input.before_accept",
+        "input.after_accept",
+        "provider.before_request",
+        "provider.after_response",
+        "provider.after_commit",
+        "tool.before_dispatch",
+        "tool.after_dispatch",
+        "tool.before_result_commit",
+        "tool.after_result_commit",
+        "child.before_delivery",
+        "child.after_delivery",
+        "goal.todo_complete_before_acceptance",
+        "goal.after_completion_commit",
+        "usage.before_persist",
+        "usage.after_persist",
+        "recovery.after_claim",
+        "recovery.after_decision",
+        "shutdown.after_admission_stop",
+    }
+)
+
+CRASH_EXIT_CODE = 86
+_hits: dict[str, int] = {}
+_state_dir: Path | None = None
+
+
+def configure(state_dir: str | os.PathLike[str]) -> None:
+    global _state_dir
+    _state_dir = Path(state_dir)
+
+
+def _target() -> tuple[str, int] | None:
+    spec = os.environ.get("JUPYTER_GOALS_CRASH_AT", "")
+    if not spec:
+        return None
+    point, _, nth = spec.partition("#")
+    return point, int(nth) if nth else 1
+
+
+def crash_point(point: str) -> None:
+    """Exit the process at once when ``point`` is the configured interruption point."""
+    assert point in POINTS, point
+    target = _target()
+    if target is None or target[0] != point:
+        return
+    _hits[point] = _hits.get(point, 0) + 1
+    if _hits[point] != target[1]:
+        return
+    base = _state_dir or Path(os.environ.get("JUPYTER_GOALS_STATE_DIR", "."))
+    marker = base / "faults" / f"{point}.fired"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return
+    os.write(fd, f"{os.getpid()}\n".encode())
+    os.fsync(fd)
+    os.close(fd)
+    os._exit(CRASH_EXIT_CODE)

@@ -1,0 +1,1 @@
+"""Notebook side: the REST client (Python Workflow API); magics and MIME cards build on it."""

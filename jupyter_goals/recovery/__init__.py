@@ -1,0 +1,1 @@
+"""Recovery: pure history repair and the Coordinator's recovery decisions."""

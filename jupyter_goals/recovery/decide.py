@@ -1,0 +1,108 @@
+"""``decide()``: what to do with a work item that has no live attempt. Pure: facts in, decision out.
+
+Priority (spec "Decide"): user stop/pause > live or unreachable owner > auto-recovery disabled >
+pending approval > permissions > budget > resources (cwd, model, credentials, tool version) >
+crash-loop cap > durable retry time > admit. Unknown effects restrict the next turn; they do not
+block it. There is no expiry by age: how long ago the work was last touched is not a fact here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from jupyter_goals.models import DesiredState, Phase, ReasonCode
+
+
+class Owner(StrEnum):
+    NONE = "none"  # no attempt is running (fresh work, or the owner's death was confirmed)
+    LIVE = "live"  # the executor is alive: reconnect only
+    UNREACHABLE = "unreachable"  # another host's executor, lease expired, takeover not allowed
+
+
+class Action(StrEnum):
+    KEEP = "keep"
+    ADMIT = "admit"
+    WAIT = "wait"
+    PAUSE = "pause"
+    CANCEL = "cancel"
+    DONE = "done"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class RecoveryFacts:
+    desired_state: DesiredState
+    reason_code: str = ""
+    owner: Owner = Owner.NONE
+    interrupted: bool = False  # an attempt of this work died: this is a recovery, not a first admission
+    auto_recover: bool = True
+    pending_approval: bool = False
+    permission_revoked: bool = False
+    budget_problem: ReasonCode | None = None
+    cwd_exists: bool = True
+    model_problem: ReasonCode | None = None
+    changed_tools: tuple[str, ...] = ()
+    recovery_attempts: int = 0
+    max_recovery_attempts: int = 5
+    retry_at: float = 0.0
+    now: float = 0.0
+    has_open_turn: bool = False
+    unknown_effects: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RecoveryDecision:
+    action: Action
+    phase: Phase
+    reason_code: ReasonCode
+    mode: str = ""  # fresh | resume_checkpoint | new_turn, for ADMIT
+    restricted: bool = False
+
+
+PAUSE_REASONS = {ReasonCode.USER_PAUSED, ReasonCode.AUTO_RECOVERY_DISABLED}
+
+
+def decide(f: RecoveryFacts) -> RecoveryDecision:
+    if f.desired_state == DesiredState.CANCELLED:
+        return RecoveryDecision(Action.CANCEL, Phase.CANCELLED, ReasonCode.USER_STOPPED)
+    if f.desired_state == DesiredState.DONE:
+        return RecoveryDecision(Action.DONE, Phase.DONE, ReasonCode.COMPLETED)
+    if f.desired_state == DesiredState.PAUSED:
+        known = f.reason_code in {r.value for r in PAUSE_REASONS}
+        return RecoveryDecision(
+            Action.PAUSE, Phase.PAUSED, ReasonCode(f.reason_code) if known else ReasonCode.LEGACY_PAUSED_UNKNOWN
+        )
+    if f.owner == Owner.LIVE:
+        return RecoveryDecision(Action.KEEP, Phase.WORKING, ReasonCode.OWNER_ALIVE)
+    if f.owner == Owner.UNREACHABLE:
+        return RecoveryDecision(Action.WAIT, Phase.WAITING, ReasonCode.OWNER_HOST_UNREACHABLE)
+    if f.interrupted and not f.auto_recover:
+        return RecoveryDecision(Action.PAUSE, Phase.PAUSED, ReasonCode.AUTO_RECOVERY_DISABLED)
+    if f.pending_approval:
+        return RecoveryDecision(Action.WAIT, Phase.WAITING, ReasonCode.AWAITING_APPROVAL)
+    if f.permission_revoked:
+        return RecoveryDecision(Action.WAIT, Phase.WAITING, ReasonCode.PERMISSION_REVOKED)
+    if f.budget_problem is not None:
+        return RecoveryDecision(Action.WAIT, Phase.WAITING, f.budget_problem)
+    if not f.cwd_exists:
+        return RecoveryDecision(Action.WAIT, Phase.WAITING, ReasonCode.RESOURCE_MISSING_CWD)
+    if f.model_problem is not None:
+        return RecoveryDecision(Action.WAIT, Phase.WAITING, f.model_problem)
+    if f.changed_tools:
+        return RecoveryDecision(Action.WAIT, Phase.WAITING, ReasonCode.TOOL_CHANGED)
+    if f.recovery_attempts > f.max_recovery_attempts:
+        return RecoveryDecision(Action.FAIL, Phase.FAILED, ReasonCode.RECOVERY_ATTEMPTS_EXCEEDED)
+    if f.retry_at > f.now:
+        return RecoveryDecision(Action.WAIT, Phase.WAITING, ReasonCode.PROVIDER_RETRYING)
+    if not f.has_open_turn:
+        mode = "new_turn" if f.interrupted else "fresh"
+    else:
+        mode = "resume_checkpoint"
+    return RecoveryDecision(
+        Action.ADMIT,
+        Phase.QUEUED,
+        ReasonCode.RECOVERED if f.interrupted else ReasonCode.QUEUED,
+        mode=mode,
+        restricted=bool(f.unknown_effects),
+    )

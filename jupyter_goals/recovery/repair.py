@@ -1,0 +1,174 @@
+"""Request-history repair (DESIGN §7): durable transcript items → a valid provider message list.
+
+Pure: no I/O, inputs are never mutated. It grants no execution permission and makes no recovery
+decision; it only tells the model, truthfully, what is known about each earlier tool call.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+from jupyter_goals.models import EffectState, ItemKind, ProviderMessage, ToolCallSpec, TranscriptItem
+
+UNKNOWN_OUTCOME_TEXT = (
+    "[outcome unknown] Tool call {call_id} ({tool}) was started but no result was recorded; "
+    "it may or may not have taken effect. Check the current state before repeating it."
+)
+NEVER_STARTED_TEXT = "[never started] Tool call {call_id} ({tool}) never started; it had no effect."
+INTERRUPTED_MARKER = "[response interrupted]"
+
+# Stored result states that do not tell what happened; any other stored result is a real output.
+_UNKNOWN_STATES = frozenset({EffectState.UNKNOWN, EffectState.DISPATCHED, EffectState.PLANNED})
+_RESPONSE_KINDS = frozenset({ItemKind.ASSISTANT, ItemKind.TOOL_CALL})
+_RESULT_KINDS = frozenset({ItemKind.TOOL_RESULT, ItemKind.RECONCILIATION})
+
+
+class AmbiguousCallIds(ValueError):
+    """Two tool calls of one provider response share an ID, so results cannot be attributed."""
+
+
+def placeholder_text(call_id: str, tool: str) -> str:
+    """The deterministic stand-in for a missing or unknown result (depends only on its inputs)."""
+    return UNKNOWN_OUTCOME_TEXT.format(call_id=call_id, tool=tool)
+
+
+def never_started_text(call_id: str, tool: str) -> str:
+    """The text sent for a call recorded as ``never_started``."""
+    return NEVER_STARTED_TEXT.format(call_id=call_id, tool=tool)
+
+
+def repair_history(
+    items: Sequence[TranscriptItem], system_prompt: str | None = None
+) -> list[ProviderMessage]:
+    """Project stored transcript items into provider messages that obey the tool protocol.
+
+    Invariants of the output:
+    - ``system_prompt`` (when given) is the first message.
+    - Every assistant message is followed immediately by exactly one ``tool`` message per tool call,
+      in call order, and ``tool`` messages appear nowhere else. A user message stored between a
+      call and its result comes after that response's tool messages; user order is kept.
+    - A result matches the nearest preceding call with the same ``call_id``; failing that, the
+      nearest preceding call whose ``provider_call_id`` equals the result's call or provider ID.
+      Results matching no call (orphans) are not sent.
+    - Real outputs (committed, reconciled, denied, never_started, reconciliation items) beat
+      unknown ones; of several real outputs the last saved wins. A call with no real output gets
+      the deterministic ``placeholder_text`` with ``unknown_outcome=True``.
+    - An interrupted response keeps its partial text plus ``INTERRUPTED_MARKER``; reasoning
+      signatures are never carried.
+    - Two calls of one response with the same call ID (or provider call ID) raise
+      ``AmbiguousCallIds``. Items are ordered by ``seq``; the inputs are not modified and equal
+      inputs give equal outputs.
+    """
+    ordered = sorted(items, key=lambda it: it.seq)
+    groups = _group_responses(ordered)
+    results = _match_results(ordered)
+
+    messages = [ProviderMessage(role="system", content=system_prompt)] if system_prompt is not None else []
+    emitted: set[tuple[str, str]] = set()
+    for item in ordered:
+        if item.kind == ItemKind.USER:
+            messages.append(ProviderMessage(role="user", content=item.content))
+        elif item.kind in _RESPONSE_KINDS and _group_key(item) not in emitted:
+            # The first item of a response (in seq order) fixes where the whole response goes.
+            emitted.add(_group_key(item))
+            messages.extend(_project_response(groups[_group_key(item)], results))
+    return messages
+
+
+def _group_key(item: TranscriptItem) -> tuple[str, str]:
+    return ("response", item.response_id) if item.response_id else ("item", item.item_id)
+
+
+def _call_id(call: TranscriptItem) -> str:
+    return call.call_id or call.provider_call_id or call.item_id
+
+
+def _group_responses(ordered: list[TranscriptItem]) -> dict[tuple[str, str], list[TranscriptItem]]:
+    """Assistant and tool_call items by response, each list in seq order; rejects ambiguous IDs."""
+    groups: dict[tuple[str, str], list[TranscriptItem]] = {}
+    for item in ordered:
+        if item.kind in _RESPONSE_KINDS:
+            groups.setdefault(_group_key(item), []).append(item)
+    for key, group in groups.items():
+        calls = [it for it in group if it.kind == ItemKind.TOOL_CALL]
+        for label, ids in (
+            ("call ID", [_call_id(c) for c in calls]),
+            ("provider call ID", [c.provider_call_id for c in calls if c.provider_call_id]),
+        ):
+            dupes = sorted({i for i in ids if ids.count(i) > 1})
+            if dupes:
+                raise AmbiguousCallIds(
+                    f"response {key[1]!r} has several tool calls with the same {label}: "
+                    f"{', '.join(map(repr, dupes))}; their results cannot be attributed"
+                )
+    return groups
+
+
+def _is_real(result: TranscriptItem) -> bool:
+    return result.kind == ItemKind.RECONCILIATION or result.state not in _UNKNOWN_STATES
+
+
+def _match_results(ordered: list[TranscriptItem]) -> dict[str, TranscriptItem]:
+    """The winning result per call (keyed by the call's item_id); orphan results are left out."""
+    latest_by_call_id: dict[str, TranscriptItem] = {}
+    latest_by_provider_id: dict[str, TranscriptItem] = {}
+    chosen: dict[str, TranscriptItem] = {}
+    for item in ordered:
+        if item.kind == ItemKind.TOOL_CALL:
+            latest_by_call_id[_call_id(item)] = item
+            if item.provider_call_id:
+                latest_by_provider_id[item.provider_call_id] = item
+        elif item.kind in _RESULT_KINDS:
+            call = (
+                latest_by_call_id.get(item.call_id or "")
+                or latest_by_provider_id.get(item.call_id or "")
+                or latest_by_provider_id.get(item.provider_call_id or "")
+            )
+            if call is None:
+                continue  # orphan
+            previous = chosen.get(call.item_id)
+            if previous is None or _is_real(item) or not _is_real(previous):
+                chosen[call.item_id] = item
+    return chosen
+
+
+def _project_response(
+    group: list[TranscriptItem], results: dict[str, TranscriptItem]
+) -> list[ProviderMessage]:
+    """One assistant message followed by exactly one tool message per call, in call order."""
+    texts = [it for it in group if it.kind == ItemKind.ASSISTANT]
+    calls = [it for it in group if it.kind == ItemKind.TOOL_CALL]
+    content = "".join(it.content for it in texts)
+    if any(it.meta.get("interrupted") for it in texts):
+        content = f"{content}\n{INTERRUPTED_MARKER}" if content else INTERRUPTED_MARKER
+    assistant = ProviderMessage(
+        role="assistant",
+        content=content,
+        tool_calls=[
+            ToolCallSpec(id=_call_id(c), name=c.tool or "", arguments=copy.deepcopy(c.arguments or {}))
+            for c in calls
+        ],
+    )
+    return [assistant, *(_tool_message(c, results.get(c.item_id)) for c in calls)]
+
+
+def _tool_message(call: TranscriptItem, result: TranscriptItem | None) -> ProviderMessage:
+    call_id, tool = _call_id(call), call.tool or ""
+    if result is not None and _is_real(result):
+        if result.state == EffectState.NEVER_STARTED:
+            content = _join(never_started_text(call_id, tool), result.content)
+        else:
+            content = result.content
+        return ProviderMessage(role="tool", tool_call_id=call_id, content=content)
+    stored = result.content if result is not None else ""
+    return ProviderMessage(
+        role="tool",
+        tool_call_id=call_id,
+        unknown_outcome=True,
+        content=_join(placeholder_text(call_id, tool), stored),
+    )
+
+
+def _join(head: str, tail: str) -> str:
+    return f"{head}\n{tail}" if tail else head

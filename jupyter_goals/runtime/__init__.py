@@ -1,0 +1,1 @@
+"""Execution: the turn loop, tools, the worker process and its supervisor."""

@@ -1,0 +1,294 @@
+"""Built-in tools and the trusted registry (DESIGN §6).
+
+Capability comes only from the registry entry bound to an implementation identity
+(``module:qualname`` + a digest of its source), which is saved on every effect at dispatch. A tool's
+name, a model's claim or a plugin declaration never grants a capability.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import glob as globlib
+import hashlib
+import inspect
+import json
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jupyter_goals.identity import process_start_time
+from jupyter_goals.models import Capability
+
+MAX_OUTPUT = 20000
+
+
+@dataclass
+class ToolContext:
+    cwd: str
+    effect_dir: Path
+
+
+@dataclass
+class ToolResult:
+    content: str
+    ok: bool = True
+
+
+ToolImpl = Callable[[ToolContext, dict[str, Any]], Awaitable[ToolResult]]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    capability: Capability
+    impl: ToolImpl
+    description: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def identity(self) -> str:
+        return f"{self.impl.__module__}:{self.impl.__qualname__}"
+
+    @property
+    def digest(self) -> str:
+        try:
+            source = inspect.getsource(self.impl)
+        except (OSError, TypeError):
+            source = self.identity
+        return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": {"type": "object", "properties": self.parameters},
+            },
+        }
+
+
+def _path(ctx: ToolContext, p: str) -> Path:
+    path = Path(p)
+    return path if path.is_absolute() else Path(ctx.cwd) / path
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_OUTPUT else text[:MAX_OUTPUT] + f"\n[… {len(text) - MAX_OUTPUT} more characters]"
+
+
+async def read_file(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    try:
+        text = await asyncio.to_thread(_path(ctx, str(args.get("path", ""))).read_text, encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return ToolResult(f"error: {exc}", ok=False)
+    return ToolResult(_clip(text))
+
+
+async def list_dir(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    try:
+        names = sorted(os.listdir(_path(ctx, str(args.get("path", ".")))))
+    except OSError as exc:
+        return ToolResult(f"error: {exc}", ok=False)
+    return ToolResult("\n".join(names))
+
+
+async def glob(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    pattern = str(args.get("pattern", "*"))
+    found = sorted(globlib.glob(pattern, root_dir=ctx.cwd, recursive=True))
+    return ToolResult(_clip("\n".join(found)))
+
+
+async def grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    try:
+        rx = re.compile(str(args.get("pattern", "")))
+    except re.error as exc:
+        return ToolResult(f"error: bad pattern: {exc}", ok=False)
+    include = str(args.get("include", "*"))
+
+    def scan() -> list[str]:
+        out: list[str] = []
+        root = _path(ctx, str(args.get("path", ".")))
+        files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
+        for p in sorted(files):
+            if not fnmatch.fnmatch(p.name, include):
+                continue
+            try:
+                for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                    if rx.search(line):
+                        out.append(f"{p}:{n}:{line}")
+            except OSError:
+                continue
+        return out
+
+    return ToolResult(_clip("\n".join(await asyncio.to_thread(scan))))
+
+
+async def file_digest(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    try:
+        data = await asyncio.to_thread(_path(ctx, str(args.get("path", ""))).read_bytes)
+    except OSError as exc:
+        return ToolResult(f"error: {exc}", ok=False)
+    return ToolResult(f"sha256:{hashlib.sha256(data).hexdigest()}")
+
+
+async def process_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    pid = int(args.get("pid", 0))
+    return ToolResult(json.dumps({"pid": pid, "alive": process_start_time(pid) is not None}))
+
+
+async def write_file(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    path = _path(ctx, str(args.get("path", "")))
+    content = str(args.get("content", ""))
+
+    def write() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".jg-tmp")
+        tmp.write_text(content, encoding="utf-8")
+        os.replace(tmp, path)
+
+    try:
+        await asyncio.to_thread(write)
+    except OSError as exc:
+        return ToolResult(f"error: {exc}", ok=False)
+    return ToolResult(f"wrote {len(content)} characters to {path}")
+
+
+async def edit_file(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    path = _path(ctx, str(args.get("path", "")))
+    old, new = str(args.get("old", "")), str(args.get("new", ""))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        return ToolResult(f"error: {exc}", ok=False)
+    if old not in text:
+        return ToolResult("error: text to replace not found", ok=False)
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    return ToolResult(f"edited {path}")
+
+
+# --------------------------------------------------------------------------- shell (detached)
+
+
+def shell_result_text(effect_dir: Path) -> str | None:
+    """The real result of a finished shell command, from its files; None while it has not exited."""
+    exit_file = effect_dir / "exit"
+    if not exit_file.exists():
+        return None
+    code = exit_file.read_text().strip()
+    out = (effect_dir / "stdout").read_text(errors="replace") if (effect_dir / "stdout").exists() else ""
+    err = (effect_dir / "stderr").read_text(errors="replace") if (effect_dir / "stderr").exists() else ""
+    return _clip(f"exit status: {code}\nstdout:\n{out}\nstderr:\n{err}")
+
+
+def shell_process(effect_dir: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads((effect_dir / "proc.json").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def shell_alive(effect_dir: Path) -> bool:
+    """True when the same process (pid and start time) that was spawned still runs."""
+    proc = shell_process(effect_dir)
+    if proc is None:
+        return False
+    return process_start_time(int(proc["pid"])) == proc.get("start_time")
+
+
+async def wait_shell(effect_dir: Path, poll_s: float = 0.05) -> str | None:
+    """Wait for a (possibly foreign) shell process; the real result, or None if it died without one."""
+    while True:
+        text = shell_result_text(effect_dir)
+        if text is not None:
+            return text
+        if not shell_alive(effect_dir):
+            await asyncio.sleep(0.2)  # the exit file is renamed into place just before the process ends
+            return shell_result_text(effect_dir)
+        await asyncio.sleep(poll_s)
+
+
+async def shell(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    """Run ``command`` detached (own session); output and exit status go to files in the effect dir."""
+    d = ctx.effect_dir
+    d.mkdir(parents=True, exist_ok=True)
+    wrapper = (
+        '( eval "$JG_COMMAND" ) > "$JG_DIR/stdout" 2> "$JG_DIR/stderr" < /dev/null; '
+        'echo $? > "$JG_DIR/exit.tmp"; mv "$JG_DIR/exit.tmp" "$JG_DIR/exit"'
+    )
+    env = dict(os.environ, JG_COMMAND=str(args.get("command", "")), JG_DIR=str(d))
+    env.pop("JUPYTER_GOALS_CRASH_AT", None)
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", wrapper], cwd=ctx.cwd, env=env, start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    (d / "proc.json.tmp").write_text(json.dumps({"pid": proc.pid, "start_time": process_start_time(proc.pid)}))
+    os.replace(d / "proc.json.tmp", d / "proc.json")
+    from jupyter_goals.faults import crash_point
+
+    crash_point("tool.after_dispatch")
+    while proc.poll() is None:
+        await asyncio.sleep(0.02)
+    text = shell_result_text(d)
+    if text is None:
+        return ToolResult(f"exit status: unknown (process ended with {proc.returncode} before writing its status)", ok=False)
+    return ToolResult(text)
+
+
+def kill_shell(effect_dir: Path) -> bool:
+    proc = shell_process(effect_dir)
+    if proc is None or not shell_alive(effect_dir):
+        return False
+    try:
+        os.killpg(int(proc["pid"]), signal.SIGKILL)
+    except OSError:
+        return False
+    return True
+
+
+_P = {"type": "string"}
+BUILTINS: list[ToolSpec] = [
+    ToolSpec("read_file", Capability.READ_ONLY, read_file, "Read a text file.", {"path": _P}),
+    ToolSpec("grep", Capability.READ_ONLY, grep, "Search files for a regular expression.",
+             {"pattern": _P, "path": _P, "include": _P}),
+    ToolSpec("glob", Capability.READ_ONLY, glob, "List files matching a glob pattern.", {"pattern": _P}),
+    ToolSpec("list_dir", Capability.READ_ONLY, list_dir, "List a directory.", {"path": _P}),
+    ToolSpec("file_digest", Capability.STATE_PROBE, file_digest, "SHA-256 of a file.", {"path": _P}),
+    ToolSpec("process_status", Capability.STATE_PROBE, process_status, "Whether a process is alive.",
+             {"pid": {"type": "integer"}}),
+    ToolSpec("write_file", Capability.IDEMPOTENT, write_file, "Write a whole file.", {"path": _P, "content": _P}),
+    ToolSpec("edit_file", Capability.UNKNOWN, edit_file, "Replace text in a file.", {"path": _P, "old": _P, "new": _P}),
+    ToolSpec("shell", Capability.UNKNOWN, shell, "Run a shell command.", {"command": _P}),
+]
+
+
+class ToolRegistry:
+    """Name → ToolSpec. Extra tools come from configuration by implementation identity."""
+
+    def __init__(self, extra: dict[str, dict[str, str]] | None = None) -> None:
+        self.tools: dict[str, ToolSpec] = {t.name: t for t in BUILTINS}
+        for name, entry in (extra or {}).items():
+            self.tools[name] = self.load_entry(name, entry)
+
+    @staticmethod
+    def load_entry(name: str, entry: dict[str, str]) -> ToolSpec:
+        import importlib
+
+        module, _, qualname = entry["impl"].partition(":")
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        capability = Capability(entry.get("capability", "unknown"))
+        return ToolSpec(name, capability, obj, entry.get("description", name), {})
+
+    def get(self, name: str) -> ToolSpec | None:
+        return self.tools.get(name)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return [t.schema() for t in self.tools.values()]

@@ -1,0 +1,362 @@
+"""The turn loop (DESIGN §7), resumable from durable facts alone.
+
+Each step reads the next action from control.db under the attempt's fence: reattach a running
+tool process, dispatch a planned call, deliver steered messages, call the provider, or finish. A new
+attempt after a crash therefore resumes from the last committed step without any memory of the old
+one. Commit order per call: ``dispatched`` before the side effect begins, the result after it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jupyter_goals.faults import crash_point
+from jupyter_goals.models import (
+    Capability,
+    EffectState,
+    ItemKind,
+    Phase,
+    ProviderRequest,
+    ProviderResponse,
+    Purpose,
+    ReasonCode,
+    TurnState,
+)
+from jupyter_goals.providers.base import ProviderError, ProviderUnavailable, resolve_provider
+from jupyter_goals.recovery.repair import repair_history
+from jupyter_goals.runtime.tools import ToolContext, ToolRegistry, ToolResult, ToolSpec, wait_shell
+from jupyter_goals.store import control as c
+from jupyter_goals.store.db import Database, FencedError, Row, Tx
+
+log = logging.getLogger(__name__)
+
+SYSTEM_PROMPT = (
+    "You are an agent working inside Jupyter. Use the tools to act; results marked as unknown outcome"
+    " may or may not have happened: investigate with read-only tools before repeating any write."
+)
+
+
+@dataclass
+class Step:
+    kind: str  # stop | reattach | dispatch | approval | provider | finish
+    effect: Row | None = None
+    approval: Row | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def retry_delay(failures: int, base: float, cap: float = 60.0) -> float:
+    return float(min(cap, base * (2 ** max(0, failures - 1))))
+
+
+class TurnRunner:
+    """Runs one admitted attempt to its end (finish, wait, control change, or fencing)."""
+
+    def __init__(
+        self,
+        db: Database,
+        attempt: Row,
+        *,
+        state_dir: Path,
+        registry: ToolRegistry,
+        default_model: str,
+        cwd: str,
+        retry_base_s: float = 1.0,
+    ) -> None:
+        self.cwd = cwd
+        self.db = db
+        self.attempt = attempt
+        self.aid: str = attempt["attempt_id"]
+        self.gen: int = int(attempt["generation"])
+        self.state_dir = state_dir
+        self.registry = registry
+        self.default_model = default_model
+        self.retry_base_s = retry_base_s
+
+    # ------------------------------------------------------------------ main loop
+    async def run(self) -> None:
+        try:
+            while True:
+                step = await self.db.run(self._next_step)
+                if step.kind in ("stop", "approval", "finish"):
+                    return
+                if step.kind == "reattach":
+                    assert step.effect is not None
+                    await self._reattach(step.effect)
+                elif step.kind == "dispatch":
+                    assert step.effect is not None
+                    await self._dispatch(step.effect, step.approval)
+                elif step.kind == "provider":
+                    if not await self._provider_step():
+                        return
+        except FencedError as exc:
+            log.info("attempt %s fenced: %s", self.aid, exc)
+
+    # ------------------------------------------------------------------ deciding the next step
+    def _next_step(self, tx: Tx) -> Step:
+        c.fence(tx, self.aid, self.gen)
+        work = c.get_work(tx, self.attempt["work_id"])
+        if work["desired_state"] != "run" or int(work["control_version"]) != int(self.attempt["control_version"]):
+            self._yield_to_control(tx, work)
+            return Step("stop")
+        turn_id = self.attempt["turn_id"]
+        effects = c.effects_of_turn(tx, turn_id)
+        for eff in effects:
+            if eff["state"] == EffectState.DISPATCHED:
+                return Step("reattach", effect=eff)
+        for eff in effects:
+            if eff["state"] == EffectState.PLANNED:
+                return self._permission_step(tx, work, eff)
+        steer = c.pending_steer(tx, work["work_id"])
+        for m in steer:
+            c.append_item(tx, work["session_id"], ItemKind.USER, "user", m["text"], work_id=work["work_id"],
+                          turn_id=turn_id, item_id=f"steer:{m['message_id']}")
+            tx.execute("UPDATE messages SET consumed = 1 WHERE message_id = ?", (m["message_id"],))
+        last = tx.one(
+            "SELECT kind, response_id FROM transcript WHERE turn_id = ? ORDER BY seq DESC LIMIT 1", (turn_id,)
+        )
+        if not steer and last is not None and last["kind"] == ItemKind.ASSISTANT:
+            has_calls = tx.one(
+                "SELECT item_id FROM transcript WHERE response_id = ? AND kind = 'tool_call'", (last["response_id"],)
+            )
+            if has_calls is None:
+                self._finish(tx, work, turn_id)
+                return Step("finish")
+        return Step("provider")
+
+    def _yield_to_control(self, tx: Tx, work: Row) -> None:
+        c.end_attempt(tx, self.attempt, "control")
+        if work["desired_state"] == "cancelled":
+            c.finish_cancelled(tx, work)
+        elif work["desired_state"] == "paused":
+            c.set_phase(tx, work, Phase.PAUSED, work["reason_code"] if work["phase"] == "paused" else ReasonCode.USER_PAUSED)
+        else:
+            c.set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
+
+    def _finish(self, tx: Tx, work: Row, turn_id: str) -> None:
+        c.end_turn(tx, work, turn_id, TurnState.COMMITTED, "completed")
+        c.end_attempt(tx, self.attempt, "completed")
+        # an ordinary request continues only until it finishes
+        tx.execute(
+            "UPDATE work_items SET desired_state = 'done', recovery_attempts = 0 WHERE work_id = ?", (work["work_id"],)
+        )
+        work["desired_state"] = "done"
+        c.set_phase(tx, work, Phase.DONE, ReasonCode.COMPLETED)
+
+    def _permission_step(self, tx: Tx, work: Row, eff: Row) -> Step:
+        """Trusted read-only/state-probe tools run; otherwise allow rules, bypass, or an approval.
+
+        After unknown effects (a restricted turn) nothing but read-only/state-probe runs without a
+        one-time approval bound to this call and the digest of the unknown-effect set.
+        """
+        spec = self.registry.get(eff["tool"])
+        capability = Capability(eff["capability"])
+        if spec is None:
+            return Step("dispatch", effect=eff)  # fails as unknown tool, recorded as a result
+        if capability in (Capability.READ_ONLY, Capability.STATE_PROBE):
+            return Step("dispatch", effect=eff)
+        turn = tx.one("SELECT restricted FROM turns WHERE turn_id = ?", (eff["turn_id"],))
+        unknown = c.unknown_effects(tx, work["work_id"]) if turn and turn["restricted"] else []
+        unknown_digest = c.digest([u["call_id"] for u in unknown]) if unknown else ""
+        perms = json.loads(work["permission_scope"])
+        if not unknown and (perms.get("mode") == "bypass" or eff["tool"] in perms.get("allow", [])):
+            return Step("dispatch", effect=eff)
+        approval = c.approval_for_call(tx, eff["call_id"])
+        if approval is not None and approval["unknown_set_digest"] == unknown_digest:
+            if approval["state"] == "approved":
+                return Step("dispatch", effect=eff, approval=approval)
+            if approval["state"] == "denied":
+                self._deny(tx, work, eff)
+                return self._next_step(tx)
+            if approval["state"] == "pending":
+                self._wait_for_approval(tx, work)
+                return Step("approval")
+        aid = c.new_id("apr")
+        reason = (
+            "An earlier write has an unknown outcome; this call needs your one-time approval."
+            if unknown
+            else f"{eff['tool']} is not allowed without approval in ask mode."
+        )
+        tx.execute(
+            "INSERT INTO approvals (approval_id, call_id, work_id, session_id, tool, arguments, arguments_digest,"
+            " capability, control_version, unknown_set_digest, unknown_set, state, reason, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
+            (aid, eff["call_id"], work["work_id"], work["session_id"], eff["tool"], c.dumps(eff["arguments"]),
+             c.digest(eff["arguments"]), eff["capability"], work["control_version"], unknown_digest,
+             c.dumps([{"call_id": u["call_id"], "tool": u["tool"]} for u in unknown]), reason, time.time()),
+        )
+        c.emit(tx, "approval.requested", {"approval_id": aid, "call_id": eff["call_id"], "tool": eff["tool"]},
+               session_id=work["session_id"], work_id=work["work_id"])
+        self._wait_for_approval(tx, work)
+        return Step("approval")
+
+    def _wait_for_approval(self, tx: Tx, work: Row) -> None:
+        c.end_attempt(tx, self.attempt, "awaiting_approval")
+        c.set_phase(tx, work, Phase.WAITING, ReasonCode.AWAITING_APPROVAL)
+
+    def _deny(self, tx: Tx, work: Row, eff: Row) -> None:
+        c.set_effect_state(tx, eff, EffectState.DENIED)
+        c.append_item(tx, work["session_id"], ItemKind.TOOL_RESULT, "tool", "[denied by the user: not executed]",
+                      item_id=f"denied:{eff['call_id']}", work_id=work["work_id"], turn_id=eff["turn_id"],
+                      call_id=eff["call_id"], tool=eff["tool"], state=str(EffectState.DENIED))
+        c.bump_commit_point(tx, work["work_id"])
+
+    # ------------------------------------------------------------------ tools
+    def _spec_and_ctx(self, eff: Row) -> tuple[ToolSpec | None, ToolContext]:
+        return self.registry.get(eff["tool"]), ToolContext(
+            cwd=self.cwd, effect_dir=self.state_dir / "effects" / eff["effect_id"]
+        )
+
+    async def _dispatch(self, eff: Row, approval: Row | None) -> None:
+        spec, ctx = self._spec_and_ctx(eff)
+        crash_point("tool.before_dispatch")
+
+        def dispatched(tx: Tx) -> None:
+            c.fence(tx, self.aid, self.gen)
+            n = tx.execute(
+                "UPDATE effects SET state = 'dispatched', dispatched_at = ?, attempt_id = ? WHERE effect_id = ?"
+                " AND state = 'planned'",
+                (time.time(), self.aid, eff["effect_id"]),
+            )
+            if n != 1:
+                raise FencedError(f"effect {eff['call_id']} is no longer planned")
+            if approval is not None:
+                used = tx.execute(
+                    "UPDATE approvals SET state = 'consumed', consumed_by_attempt = ? WHERE approval_id = ?"
+                    " AND state = 'approved'",
+                    (self.aid, approval["approval_id"]),
+                )
+                if used != 1:
+                    raise FencedError(f"approval {approval['approval_id']} was already consumed")
+            c.emit(tx, "effect.state", {"call_id": eff["call_id"], "tool": eff["tool"], "state": "dispatched"},
+                   session_id=eff["session_id"], work_id=eff["work_id"])
+            c.bump_commit_point(tx, eff["work_id"])
+
+        await self.db.run(dispatched)
+        if spec is None:
+            result = ToolResult(f"error: unknown tool {eff['tool']!r}", ok=False)
+        else:
+            try:
+                result = await spec.impl(ctx, eff["arguments"])
+            except Exception as exc:  # a tool's failure is its result, not the loop's
+                result = ToolResult(f"error: {type(exc).__name__}: {exc}", ok=False)
+        if eff["tool"] != "shell":
+            crash_point("tool.after_dispatch")
+        await self._commit_result(eff, result.content, EffectState.COMMITTED)
+
+    async def _reattach(self, eff: Row) -> None:
+        """A dispatched call from an earlier attempt: reconnect its live process, never start it again."""
+        effect_dir = self.state_dir / "effects" / eff["effect_id"]
+        text = await wait_shell(effect_dir) if eff["tool"] == "shell" else None
+        if text is None:
+            await self._commit_result(eff, "", EffectState.UNKNOWN)
+        else:
+            await self._commit_result(eff, text, EffectState.COMMITTED)
+
+    async def _commit_result(self, eff: Row, content: str, state: EffectState) -> None:
+        crash_point("tool.before_result_commit")
+
+        def commit(tx: Tx) -> None:
+            c.fence(tx, self.aid, self.gen)
+            c.set_effect_state(tx, eff, state, content)
+            c.append_item(tx, eff["session_id"], ItemKind.TOOL_RESULT, "tool", content, item_id=f"result:{eff['call_id']}",
+                          work_id=eff["work_id"], turn_id=eff["turn_id"], call_id=eff["call_id"], tool=eff["tool"],
+                          state=str(state))
+            c.bump_commit_point(tx, eff["work_id"])
+
+        await self.db.run(commit)
+        crash_point("tool.after_result_commit")
+
+    # ------------------------------------------------------------------ provider
+    async def _provider_step(self) -> bool:
+        def prepare(tx: Tx) -> tuple[ProviderRequest, Row, Row]:
+            c.fence(tx, self.aid, self.gen)
+            work = c.get_work(tx, self.attempt["work_id"])
+            session = c.get_session(tx, work["session_id"])
+            items = c.transcript(tx, work["session_id"])
+            request_id = c.new_id("req")
+            model = session["model"] or self.default_model
+            tx.execute(
+                "INSERT INTO requests (request_id, session_id, work_id, turn_id, attempt_id, purpose, model, state,"
+                " created_at) VALUES (?, ?, ?, ?, ?, 'work', ?, 'sent', ?)",
+                (request_id, work["session_id"], work["work_id"], self.attempt["turn_id"], self.aid, model, time.time()),
+            )
+            req = ProviderRequest(
+                request_id=request_id,
+                purpose=Purpose.WORK,
+                messages=repair_history(items, SYSTEM_PROMPT),
+                tools=self.registry.schemas(),
+            )
+            return req, work, session
+
+        request, work, session = await self.db.run(prepare)
+        model = session["model"] or self.default_model
+        crash_point("provider.before_request")
+        try:
+            provider = resolve_provider(model)
+            response = await provider.complete(request)
+        except ProviderUnavailable as exc:
+            await self.db.run(lambda tx: self._provider_failed(tx, request.request_id, str(exc), exc.reason_code, None))
+            return False
+        except ProviderError as exc:
+            code = ReasonCode.PROVIDER_RETRYING if exc.retryable else ReasonCode.PROVIDER_FAILED
+            await self.db.run(lambda tx: self._provider_failed(tx, request.request_id, str(exc), code, exc.status))
+            return False
+        crash_point("provider.after_response")
+        await self.db.run(lambda tx: self._commit_response(tx, work, request, response, model))
+        crash_point("provider.after_commit")
+        return True
+
+    def _provider_failed(self, tx: Tx, request_id: str, error: str, code: ReasonCode, status: int | None) -> None:
+        c.fence(tx, self.aid, self.gen)
+        tx.execute("UPDATE requests SET state = 'failed', error = ?, ended_at = ? WHERE request_id = ?",
+                   (error[:500], time.time(), request_id))
+        work = c.get_work(tx, self.attempt["work_id"])
+        c.end_attempt(tx, self.attempt, f"provider: {error}"[:200])
+        if code == ReasonCode.PROVIDER_RETRYING:
+            failures = int(tx.scalar(
+                "SELECT COUNT(*) AS n FROM requests WHERE turn_id = ? AND state = 'failed'", (self.attempt["turn_id"],)
+            ) or 1)
+            delay = retry_delay(failures, self.retry_base_s)
+            tx.execute("UPDATE work_items SET next_attempt_at = ? WHERE work_id = ?", (time.time() + delay, work["work_id"]))
+            c.set_phase(tx, work, Phase.WAITING, code,
+                        f"The model provider had a temporary fault ({status or 'connection lost'}); retry {failures} in {delay:.0f} s.")
+        else:
+            c.set_phase(tx, work, Phase.FAILED, code, f"The model provider failed: {error}")
+        c.bump_commit_point(tx, work["work_id"])
+
+    def _commit_response(self, tx: Tx, work: Row, request: ProviderRequest, response: ProviderResponse, model: str) -> None:
+        """Commit the assistant message, its tool calls (effects ``planned``) and the usage receipt together."""
+        c.fence(tx, self.aid, self.gen)
+        turn_id = self.attempt["turn_id"]
+        rid = response.provider_response_id or request.request_id
+        response_id = f"resp:{request.request_id}"
+        c.append_item(tx, work["session_id"], ItemKind.ASSISTANT, "assistant", response.text, item_id=response_id,
+                      work_id=work["work_id"], turn_id=turn_id, response_id=response_id, meta={"provider_response_id": rid})
+        now = time.time()
+        for i, call in enumerate(response.tool_calls):
+            call_id = f"{request.request_id}:{i}"
+            spec = self.registry.get(call.name)
+            c.append_item(tx, work["session_id"], ItemKind.TOOL_CALL, "assistant", "", item_id=f"call:{call_id}",
+                          work_id=work["work_id"], turn_id=turn_id, call_id=call_id, provider_call_id=call.id,
+                          response_id=response_id, tool=call.name, arguments=call.arguments)
+            seq = c.next_counter(tx, "transcript_seq")
+            tx.execute(
+                "INSERT INTO effects (effect_id, call_id, work_id, turn_id, session_id, tool, arguments, capability,"
+                " impl_identity, impl_digest, state, created_at, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned', ?, ?)",
+                (c.new_id("eff"), call_id, work["work_id"], turn_id, work["session_id"], call.name, c.dumps(call.arguments),
+                 str(spec.capability if spec else Capability.UNKNOWN), spec.identity if spec else "",
+                 spec.digest if spec else "", now, seq),
+            )
+        tx.execute("UPDATE requests SET state = 'received', ended_at = ? WHERE request_id = ?", (now, request.request_id))
+        c.enqueue_outbox(tx, f"receipt:{request.request_id}", "usage.receipt", {
+            "request_id": request.request_id, "session_id": work["session_id"], "work_id": work["work_id"],
+            "turn_id": turn_id, "purpose": request.purpose.value, "provider": model.partition(":")[0], "model": model,
+            "usage": response.usage.model_dump() if response.usage else None, "created_at": now,
+        })
+        tx.execute("UPDATE work_items SET next_attempt_at = 0 WHERE work_id = ?", (work["work_id"],))
+        c.bump_commit_point(tx, work["work_id"])

@@ -1,0 +1,95 @@
+"""GoalsApp: the Jupyter server extension hosting the Coordinator, worker supervisor and outbox."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from jupyter_core.paths import jupyter_data_dir
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Bool, Dict, Float, Int, Unicode, default
+
+from jupyter_goals.server.handlers import handlers
+from jupyter_goals.server.service import GoalsService, ServiceConfig
+
+
+def demo_model() -> str:
+    return "scripted:" + str(files("jupyter_goals") / "demo" / "demo_script.json")
+
+
+class GoalsApp(ExtensionApp):
+    name = "jupyter_goals"
+    load_other_extensions = True
+
+    state_dir = Unicode(help="Where control.db, usage.db, tool output and fault markers live.").tag(config=True)
+    control_db_url = Unicode("", help="control.db URL: sqlite:///path (default: in state_dir) or postgresql://…").tag(config=True)
+    usage_db_url = Unicode("", help="usage.db URL: sqlite:///path (default: in state_dir) or postgresql://…").tag(config=True)
+    default_model = Unicode(help="Model for new sessions: scripted:<path.json>, openai:<model>, anthropic:<model>.").tag(config=True)
+    workers = Int(1, help="Worker processes.").tag(config=True)
+    max_concurrent_turns = Int(4, help="Shared quota of turn attempts running at once.").tag(config=True)
+    lease_ttl_s = Float(10.0, help="Worker lease length in seconds.").tag(config=True)
+    heartbeat_s = Float(2.0, help="Worker heartbeat interval in seconds.").tag(config=True)
+    auto_recover = Bool(True, help="Continue interrupted work automatically after a restart.").tag(config=True)
+    allow_cross_host_takeover = Bool(False, help="Take over work whose owner on another host stopped heartbeating.").tag(config=True)
+    reconcile_interval_s = Float(5.0, help="The Coordinator's periodic full reconcile tick in seconds.").tag(config=True)
+    price_table = Unicode("", help="Path of a price table (JSON).").tag(config=True)
+    trusted_tools = Dict(help="Extra tools by implementation identity: {name: {impl: 'module:qualname', capability}}.").tag(config=True)
+    max_recovery_attempts = Int(5, help="Consecutive executor deaths before a work item is failed.").tag(config=True)
+    recovery_backoff_s = Float(1.0, help="Base of the growing backoff between repeated recoveries.").tag(config=True)
+    provider_retry_base_s = Float(1.0, help="Base of the durable backoff after a temporary provider fault.").tag(config=True)
+    shutdown_timeout_s = Float(10.0, help="Bound on graceful shutdown.").tag(config=True)
+
+    @default("state_dir")
+    def _default_state_dir(self) -> str:
+        return os.environ.get("JUPYTER_GOALS_STATE_DIR") or os.path.join(jupyter_data_dir(), "jupyter_goals")
+
+    @default("default_model")
+    def _default_model(self) -> str:
+        return demo_model()
+
+    def service_config(self) -> ServiceConfig:
+        state = Path(os.environ.get("JUPYTER_GOALS_STATE_DIR") or self.state_dir).expanduser().absolute()
+        return ServiceConfig(
+            state_dir=state,
+            control_db_url=self.control_db_url or f"sqlite:///{state / 'control.db'}",
+            usage_db_url=self.usage_db_url or f"sqlite:///{state / 'usage.db'}",
+            default_model=self.default_model,
+            workers=self.workers,
+            max_concurrent_turns=self.max_concurrent_turns,
+            lease_ttl_s=self.lease_ttl_s,
+            heartbeat_s=self.heartbeat_s,
+            auto_recover=self.auto_recover,
+            allow_cross_host_takeover=self.allow_cross_host_takeover,
+            reconcile_interval_s=self.reconcile_interval_s,
+            trusted_tools=dict(self.trusted_tools),
+            max_recovery_attempts=self.max_recovery_attempts,
+            recovery_backoff_s=self.recovery_backoff_s,
+            retry_base_s=self.provider_retry_base_s,
+        )
+
+    def initialize_settings(self) -> None:
+        self.service = GoalsService(self.service_config())
+        self.settings["jupyter_goals_service"] = self.service
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(handlers(""))
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        # kernels started by this server find it through these variables (the notebook client)
+        os.environ["JUPYTER_GOALS_SERVER_URL"] = serverapp.connection_url
+        if getattr(serverapp.identity_provider, "token", None):
+            os.environ["JUPYTER_GOALS_TOKEN"] = serverapp.identity_provider.token
+        await self.service.start()
+
+    def current_activity(self) -> list[dict[str, Any]] | None:
+        sup = self.service.supervisor
+        return [{"workers": len(sup.procs)}] if sup and sup.procs else None
+
+    async def stop_extension(self) -> None:
+        try:
+            await asyncio.wait_for(self.service.stop(self.shutdown_timeout_s), self.shutdown_timeout_s + 5)
+        except TimeoutError:
+            self.log.warning("jupyter_goals: graceful shutdown timed out")

@@ -1,0 +1,697 @@
+"""Every control.db statement lives here, so the guarantees can be read in one place.
+
+Functions take a ``Tx`` and run inside the caller's single transaction. Each state change writes
+its event row (monotonic ``seq``) in the same transaction. Attempt writes go through ``fence()``
+first: ``UPDATE attempts … WHERE generation = ? AND state = 'running'``; zero rows → FencedError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from typing import Any
+
+from jupyter_goals.models import (
+    AttemptState,
+    DesiredState,
+    EffectState,
+    ItemKind,
+    Phase,
+    ReasonCode,
+    TranscriptItem,
+    TurnState,
+    reason_text,
+)
+from jupyter_goals.store.db import FencedError, NotFound, Row, Tx, VersionConflict
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(dumps(value).encode()).hexdigest()
+
+
+def continuation_key(work_id: str, control_version: int, commit_point: int) -> str:
+    """sha256(work_id | control_version | predecessor commit point): unique in ``attempts``."""
+    return hashlib.sha256(f"{work_id}|{control_version}|{commit_point}".encode()).hexdigest()
+
+
+def next_counter(tx: Tx, name: str) -> int:
+    # the row lock orders concurrent writers, so seq order is commit order on PostgreSQL too
+    return int(tx.scalar("UPDATE counters SET value = value + 1 WHERE name = ? RETURNING value", (name,)))
+
+
+# --------------------------------------------------------------------------- events
+
+
+def emit(tx: Tx, kind: str, payload: dict[str, Any], session_id: str | None = None, work_id: str | None = None) -> int:
+    seq = next_counter(tx, "event_seq")
+    tx.execute(
+        "INSERT INTO events (seq, ts, session_id, work_id, kind, payload) VALUES (?, ?, ?, ?, ?, ?)",
+        (seq, time.time(), session_id, work_id, kind, dumps(payload)),
+    )
+    return seq
+
+
+def events_after(tx: Tx, after: int, limit: int) -> list[Row]:
+    rows = tx.all(
+        "SELECT seq, ts, session_id, work_id, kind, payload FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+        (after, limit),
+    )
+    for r in rows:
+        r["payload"] = json.loads(r["payload"])
+    return rows
+
+
+def last_event_seq(tx: Tx) -> int:
+    return int(tx.scalar("SELECT value FROM counters WHERE name = 'event_seq'") or 0)
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def create_session(tx: Tx, title: str, cwd: str, model: str, permissions: dict[str, Any]) -> Row:
+    now = time.time()
+    sid = new_id("ses")
+    tx.execute(
+        "INSERT INTO sessions (session_id, title, cwd, model, permissions, created_at, updated_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (sid, title, cwd, model, dumps(permissions), now, now),
+    )
+    emit(tx, "session.created", {"title": title}, session_id=sid)
+    return get_session(tx, sid)
+
+
+def get_session(tx: Tx, session_id: str) -> Row:
+    row = tx.one("SELECT * FROM sessions WHERE session_id = ?", (session_id,))
+    if row is None:
+        raise NotFound(f"session {session_id} not found")
+    row["permissions"] = json.loads(row["permissions"])
+    return row
+
+
+def list_sessions(tx: Tx) -> list[Row]:
+    rows = tx.all("SELECT * FROM sessions ORDER BY created_at DESC")
+    for r in rows:
+        r["permissions"] = json.loads(r["permissions"])
+    return rows
+
+
+# --------------------------------------------------------------------------- work items
+
+
+def work_view(row: Row) -> dict[str, Any]:
+    return {
+        "work_id": row["work_id"],
+        "kind": row["kind"],
+        "desired_state": row["desired_state"],
+        "phase": row["phase"],
+        "reason_code": row["reason_code"],
+        "reason": row["reason"],
+        "control_version": row["control_version"],
+    }
+
+
+def get_work(tx: Tx, work_id: str) -> Row:
+    row = tx.one("SELECT * FROM work_items WHERE work_id = ?", (work_id,))
+    if row is None:
+        raise NotFound(f"work item {work_id} not found")
+    return row
+
+
+def current_work(tx: Tx, session_id: str) -> Row | None:
+    """The session's work item to show: the oldest unfinished one, else the newest."""
+    row = tx.one(
+        "SELECT * FROM work_items WHERE session_id = ? AND phase NOT IN ('done', 'cancelled')"
+        " ORDER BY created_at LIMIT 1",
+        (session_id,),
+    )
+    if row is None:
+        row = tx.one("SELECT * FROM work_items WHERE session_id = ? ORDER BY created_at DESC LIMIT 1", (session_id,))
+    return row
+
+
+def set_phase(tx: Tx, work: Row, phase: Phase | str, code: ReasonCode | str, reason: str | None = None) -> None:
+    phase, code = str(phase), str(code)
+    text = reason if reason is not None else reason_text(code)
+    if work["phase"] == phase and work["reason_code"] == code and work["reason"] == text:
+        return
+    now = time.time()
+    ended = now if phase in (Phase.DONE, Phase.CANCELLED) else None
+    tx.execute(
+        "UPDATE work_items SET phase = ?, reason_code = ?, reason = ?, updated_at = ?, ended_at = COALESCE(?, ended_at)"
+        " WHERE work_id = ?",
+        (phase, code, text, now, ended, work["work_id"]),
+    )
+    work.update(phase=phase, reason_code=code, reason=text)
+    emit(
+        tx,
+        "work.phase",
+        {"phase": phase, "reason_code": code, "reason": text, "desired_state": work["desired_state"]},
+        session_id=work["session_id"],
+        work_id=work["work_id"],
+    )
+
+
+def create_work(
+    tx: Tx, session: Row, kind: str, input_: dict[str, Any], *, auto_recover: bool, host: str
+) -> Row:
+    now = time.time()
+    wid = new_id("wrk")
+    tx.execute(
+        "INSERT INTO work_items (work_id, session_id, kind, input, desired_state, control_version, phase,"
+        " reason_code, reason, permission_scope, host_name, auto_recover, created_at, updated_at)"
+        " VALUES (?, ?, ?, ?, 'run', 1, 'queued', 'queued', ?, ?, ?, ?, ?, ?)",
+        (
+            wid,
+            session["session_id"],
+            kind,
+            dumps(input_),
+            reason_text(ReasonCode.QUEUED),
+            dumps(session["permissions"]),
+            host,
+            1 if auto_recover else 0,
+            now,
+            now,
+        ),
+    )
+    emit(tx, "work.created", {"kind": kind, "phase": "queued"}, session_id=session["session_id"], work_id=wid)
+    return get_work(tx, wid)
+
+
+def running_work(tx: Tx, session_id: str) -> Row | None:
+    return tx.one(
+        "SELECT * FROM work_items WHERE session_id = ? AND desired_state = 'run'"
+        " AND phase NOT IN ('done', 'cancelled', 'failed') AND input_consumed = 1 ORDER BY created_at LIMIT 1",
+        (session_id,),
+    )
+
+
+def accept_message(
+    tx: Tx, session: Row, text: str, client_request_id: str, delivery: str, *, auto_recover: bool, host: str
+) -> tuple[Row, bool]:
+    """Commit the original request before anything is acknowledged. Repeats return the first answer."""
+    existing = tx.one(
+        "SELECT * FROM messages WHERE session_id = ? AND client_request_id = ?",
+        (session["session_id"], client_request_id),
+    )
+    if existing is not None:
+        return existing, False
+    target = running_work(tx, session["session_id"]) if delivery == "steer" else None
+    if target is None:
+        work = create_work(tx, session, "chat", {"text": text}, auto_recover=auto_recover, host=host)
+        work_id, consumed = work["work_id"], 1  # the work item carries the text as its input
+    else:
+        work_id, consumed = target["work_id"], 0  # consumed at the running turn's next step boundary
+    mid = new_id("msg")
+    tx.execute(
+        "INSERT INTO messages (message_id, session_id, client_request_id, work_id, text, delivery, consumed,"
+        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (mid, session["session_id"], client_request_id, work_id, text, delivery, consumed, time.time()),
+    )
+    emit(tx, "message.accepted", {"message_id": mid, "delivery": delivery}, session_id=session["session_id"], work_id=work_id)
+    row = tx.one("SELECT * FROM messages WHERE message_id = ?", (mid,))
+    assert row is not None
+    return row, True
+
+
+def pending_steer(tx: Tx, work_id: str) -> list[Row]:
+    return tx.all(
+        "SELECT * FROM messages WHERE work_id = ? AND consumed = 0 ORDER BY created_at", (work_id,)
+    )
+
+
+CONTROL_TARGET = {
+    "pause": DesiredState.PAUSED,
+    "resume": DesiredState.RUN,
+    "stop": DesiredState.CANCELLED,
+    "retry": DesiredState.RUN,
+}
+
+
+def apply_control(tx: Tx, work: Row, action: str, expected_version: int | None) -> Row:
+    """Persist a user control: bumps ``control_version`` so every older decision is refused."""
+    if expected_version is not None and expected_version != work["control_version"]:
+        raise VersionConflict(
+            f"control_version is {work['control_version']}, not {expected_version}; reload and try again"
+        )
+    if work["phase"] in (Phase.DONE, Phase.CANCELLED):
+        raise VersionConflict(f"work {work['work_id']} already ended ({work['phase']})")
+    desired = CONTROL_TARGET[action]
+    version = int(work["control_version"]) + 1
+    now = time.time()
+    tx.execute(
+        "UPDATE work_items SET desired_state = ?, control_version = ?, updated_at = ?, recovery_attempts ="
+        " CASE WHEN ? = 'retry' THEN 0 ELSE recovery_attempts END, next_attempt_at ="
+        " CASE WHEN ? IN ('retry', 'resume') THEN 0 ELSE next_attempt_at END WHERE work_id = ?",
+        (desired, version, now, action, action, work["work_id"]),
+    )
+    work.update(desired_state=str(desired), control_version=version)
+    emit(
+        tx,
+        "work.control",
+        {"action": action, "desired_state": str(desired), "control_version": version},
+        session_id=work["session_id"],
+        work_id=work["work_id"],
+    )
+    live = tx.scalar(
+        "SELECT COUNT(*) AS n FROM attempts WHERE work_id = ? AND state IN ('admitted', 'running')", (work["work_id"],)
+    )
+    if desired == DesiredState.PAUSED:
+        set_phase(tx, work, Phase.PAUSED, ReasonCode.USER_PAUSED)
+    elif desired == DesiredState.CANCELLED and not live:
+        finish_cancelled(tx, work)
+    elif desired == DesiredState.CANCELLED:
+        set_phase(tx, work, work["phase"], ReasonCode.USER_STOPPED)
+    elif desired == DesiredState.RUN and not live:
+        set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
+    invalidate_approvals(tx, work["work_id"], f"invalidated by {action}")
+    return work
+
+
+def finish_cancelled(tx: Tx, work: Row) -> None:
+    """A stop persists as cancelled: the open turn ends interrupted, unstarted calls never start."""
+    for turn in tx.all("SELECT turn_id FROM turns WHERE work_id = ? AND state = 'running'", (work["work_id"],)):
+        end_turn(tx, work, turn["turn_id"], TurnState.INTERRUPTED, "user_stopped")
+    set_phase(tx, work, Phase.CANCELLED, ReasonCode.USER_STOPPED)
+
+
+def stop_all(tx: Tx) -> list[str]:
+    rows = tx.all(
+        "SELECT * FROM work_items WHERE desired_state IN ('run', 'paused') AND phase NOT IN ('done', 'cancelled')"
+    )
+    for work in rows:
+        apply_control(tx, work, "stop", None)
+    return [r["work_id"] for r in rows]
+
+
+# --------------------------------------------------------------------------- transcript
+
+
+def append_item(
+    tx: Tx,
+    session_id: str,
+    kind: ItemKind,
+    role: str,
+    content: str = "",
+    *,
+    item_id: str | None = None,
+    work_id: str | None = None,
+    turn_id: str | None = None,
+    call_id: str | None = None,
+    provider_call_id: str | None = None,
+    response_id: str | None = None,
+    tool: str | None = None,
+    arguments: dict[str, Any] | None = None,
+    state: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> str | None:
+    """Append one transcript item. A given ``item_id`` is a stable repair key: inserted at most once."""
+    item_id = item_id or new_id("itm")
+    if tx.one("SELECT item_id FROM transcript WHERE item_id = ?", (item_id,)) is not None:
+        return None
+    seq = next_counter(tx, "transcript_seq")
+    tx.execute(
+        "INSERT INTO transcript (item_id, seq, session_id, work_id, turn_id, kind, role, content, call_id,"
+        " provider_call_id, response_id, tool, arguments, state, meta, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            item_id,
+            seq,
+            session_id,
+            work_id,
+            turn_id,
+            str(kind),
+            role,
+            content,
+            call_id,
+            provider_call_id,
+            response_id,
+            tool,
+            None if arguments is None else dumps(arguments),
+            state,
+            dumps(meta or {}),
+            time.time(),
+        ),
+    )
+    emit(
+        tx,
+        "transcript.item",
+        {"item_id": item_id, "seq": seq, "kind": str(kind), "call_id": call_id, "state": state},
+        session_id=session_id,
+        work_id=work_id,
+    )
+    return item_id
+
+
+def _item(row: Row) -> TranscriptItem:
+    return TranscriptItem(
+        item_id=row["item_id"],
+        seq=row["seq"],
+        kind=ItemKind(row["kind"]),
+        role=row["role"],
+        content=row["content"],
+        call_id=row["call_id"],
+        provider_call_id=row["provider_call_id"],
+        response_id=row["response_id"],
+        tool=row["tool"],
+        arguments=None if row["arguments"] is None else json.loads(row["arguments"]),
+        state=row["state"],
+        turn_id=row["turn_id"],
+        work_id=row["work_id"],
+        meta=json.loads(row["meta"] or "{}"),
+    )
+
+
+def transcript(tx: Tx, session_id: str, after: int = 0, limit: int = 100000) -> list[TranscriptItem]:
+    rows = tx.all(
+        "SELECT * FROM transcript WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?", (session_id, after, limit)
+    )
+    return [_item(r) for r in rows]
+
+
+# --------------------------------------------------------------------------- workers and fencing
+
+
+def register_worker(tx: Tx, worker_id: str, host: str, boot: str, pid: int, start_time: int | None, ttl: float) -> int:
+    generation = next_counter(tx, "worker_generation")
+    now = time.time()
+    tx.execute(
+        "INSERT INTO workers (worker_id, generation, host_name, boot_id, pid, start_time, state, registered_at,"
+        " heartbeat_at, lease_expires_at) VALUES (?, ?, ?, ?, ?, ?, 'live', ?, ?, ?)",
+        (worker_id, generation, host, boot, pid, start_time, now, now, now + ttl),
+    )
+    emit(tx, "worker.registered", {"worker_id": worker_id, "generation": generation, "pid": pid})
+    return generation
+
+
+def heartbeat_worker(tx: Tx, worker_id: str, generation: int, ttl: float) -> bool:
+    now = time.time()
+    ok = tx.execute(
+        "UPDATE workers SET heartbeat_at = ?, lease_expires_at = ? WHERE worker_id = ? AND generation = ?"
+        " AND state = 'live'",
+        (now, now + ttl, worker_id, generation),
+    )
+    tx.execute(
+        "UPDATE attempts SET heartbeat_at = ? WHERE worker_id = ? AND generation = ? AND state = 'running'",
+        (now, worker_id, generation),
+    )
+    return ok == 1
+
+
+def mark_worker_dead(tx: Tx, worker: Row, reason: str) -> list[Row]:
+    """Confirmed death: fence the generation (its attempts become dead; later writes are refused)."""
+    now = time.time()
+    tx.execute(
+        "UPDATE workers SET state = 'dead', ended_at = ?, end_reason = ? WHERE worker_id = ? AND state = 'live'",
+        (now, reason, worker["worker_id"]),
+    )
+    attempts = tx.all(
+        "SELECT * FROM attempts WHERE worker_id = ? AND state = 'running'", (worker["worker_id"],)
+    )
+    for a in attempts:
+        tx.execute(
+            "UPDATE attempts SET state = 'dead', ended_at = ?, end_reason = ? WHERE attempt_id = ?",
+            (now, f"worker dead: {reason}", a["attempt_id"]),
+        )
+        tx.execute(
+            "UPDATE work_items SET commit_point = commit_point + 1 WHERE work_id = ?", (a["work_id"],)
+        )
+    emit(tx, "worker.dead", {"worker_id": worker["worker_id"], "generation": worker["generation"], "reason": reason})
+    return attempts
+
+
+def mark_worker_stopped(tx: Tx, worker_id: str) -> None:
+    tx.execute(
+        "UPDATE workers SET state = 'stopped', ended_at = ?, end_reason = 'graceful' WHERE worker_id = ? AND state = 'live'",
+        (time.time(), worker_id),
+    )
+
+
+def fence(tx: Tx, attempt_id: str, generation: int) -> None:
+    """Every attempt write starts here. Zero rows → the attempt no longer owns its work."""
+    n = tx.execute(
+        "UPDATE attempts SET heartbeat_at = ? WHERE attempt_id = ? AND generation = ? AND state = 'running'",
+        (time.time(), attempt_id, generation),
+    )
+    if n != 1:
+        raise FencedError(f"attempt {attempt_id} (generation {generation}) is fenced")
+
+
+def bump_commit_point(tx: Tx, work_id: str) -> None:
+    tx.execute("UPDATE work_items SET commit_point = commit_point + 1 WHERE work_id = ?", (work_id,))
+
+
+# --------------------------------------------------------------------------- turns and attempts
+
+
+def open_turn(tx: Tx, work: Row) -> Row | None:
+    return tx.one(
+        "SELECT * FROM turns WHERE work_id = ? AND state = 'running' ORDER BY started_at DESC LIMIT 1",
+        (work["work_id"],),
+    )
+
+
+def new_turn(tx: Tx, work: Row, restricted: bool) -> str:
+    tid = new_id("turn")
+    tx.execute(
+        "INSERT INTO turns (turn_id, work_id, session_id, state, restricted, started_at) VALUES (?, ?, ?, 'running', ?, ?)",
+        (tid, work["work_id"], work["session_id"], 1 if restricted else 0, time.time()),
+    )
+    emit(tx, "turn.started", {"turn_id": tid, "restricted": restricted}, session_id=work["session_id"], work_id=work["work_id"])
+    return tid
+
+
+def end_turn(tx: Tx, work: Row, turn_id: str, state: TurnState, reason: str) -> None:
+    n = tx.execute(
+        "UPDATE turns SET state = ?, ended_at = ?, end_reason = ? WHERE turn_id = ? AND state = 'running'",
+        (str(state), time.time(), reason, turn_id),
+    )
+    if not n:
+        return
+    # calls that were planned but never dispatched never started
+    for eff in tx.all("SELECT * FROM effects WHERE turn_id = ? AND state = 'planned'", (turn_id,)):
+        set_effect_state(tx, eff, EffectState.NEVER_STARTED)
+        append_item(
+            tx,
+            work["session_id"],
+            ItemKind.TOOL_RESULT,
+            "tool",
+            f"[call {eff['call_id']} to {eff['tool']} never started: the turn ended ({reason})]",
+            item_id=f"never:{eff['call_id']}",
+            work_id=work["work_id"],
+            turn_id=turn_id,
+            call_id=eff["call_id"],
+            tool=eff["tool"],
+            state=str(EffectState.NEVER_STARTED),
+        )
+    emit(tx, "turn.ended", {"turn_id": turn_id, "state": str(state), "reason": reason}, session_id=work["session_id"], work_id=work["work_id"])
+
+
+def admit(tx: Tx, work: Row, *, mode: str, turn_id: str | None, restricted: bool = False) -> Row:
+    """Admit one attempt. The continuation key makes a second admission of the same continuation fail."""
+    key = continuation_key(work["work_id"], int(work["control_version"]), int(work["commit_point"]))
+    if tx.one("SELECT attempt_id FROM attempts WHERE continuation_key = ?", (key,)) is not None:
+        raise VersionConflict(f"continuation {key[:12]} of {work['work_id']} was already admitted")
+    if turn_id is None:
+        turn_id = new_turn(tx, work, restricted)
+    if not work["input_consumed"]:
+        # the original input joins the transcript once, when its first turn starts
+        text = json.loads(work["input"]).get("text", "")
+        append_item(tx, work["session_id"], ItemKind.USER, "user", text, work_id=work["work_id"], turn_id=turn_id,
+                    item_id=f"input:{work['work_id']}")
+        tx.execute("UPDATE work_items SET input_consumed = 1 WHERE work_id = ?", (work["work_id"],))
+        work["input_consumed"] = 1
+    aid = new_id("att")
+    now = time.time()
+    tx.execute(
+        "INSERT INTO attempts (attempt_id, turn_id, work_id, session_id, state, mode, control_version,"
+        " continuation_key, admitted_at) VALUES (?, ?, ?, ?, 'admitted', ?, ?, ?, ?)",
+        (aid, turn_id, work["work_id"], work["session_id"], mode, work["control_version"], key, now),
+    )
+    tx.execute("UPDATE sessions SET last_admitted_at = ? WHERE session_id = ?", (now, work["session_id"]))
+    emit(tx, "attempt.admitted", {"attempt_id": aid, "turn_id": turn_id, "mode": mode}, session_id=work["session_id"], work_id=work["work_id"])
+    set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED if mode == "fresh" else ReasonCode.RECOVERED)
+    row = tx.one("SELECT * FROM attempts WHERE attempt_id = ?", (aid,))
+    assert row is not None
+    return row
+
+
+def claim_attempt(tx: Tx, worker_id: str, generation: int) -> Row | None:
+    """A worker takes the oldest admitted attempt; the conditional update makes the claim exclusive."""
+    row = tx.one("SELECT * FROM attempts WHERE state = 'admitted' ORDER BY admitted_at LIMIT 1")
+    if row is None:
+        return None
+    n = tx.execute(
+        "UPDATE attempts SET state = 'running', worker_id = ?, generation = ?, started_at = ?, heartbeat_at = ?"
+        " WHERE attempt_id = ? AND state = 'admitted'",
+        (worker_id, generation, time.time(), time.time(), row["attempt_id"]),
+    )
+    if n != 1:
+        return None
+    row.update(state="running", worker_id=worker_id, generation=generation)
+    work = get_work(tx, row["work_id"])
+    set_phase(tx, work, Phase.WORKING, ReasonCode.WORKING)
+    return row
+
+
+def end_attempt(tx: Tx, attempt: Row, reason: str) -> None:
+    tx.execute(
+        "UPDATE attempts SET state = 'ended', ended_at = ?, end_reason = ? WHERE attempt_id = ? AND state = 'running'",
+        (time.time(), reason, attempt["attempt_id"]),
+    )
+
+
+def live_attempts(tx: Tx) -> int:
+    return int(tx.scalar("SELECT COUNT(*) AS n FROM attempts WHERE state IN ('admitted', 'running')") or 0)
+
+
+# --------------------------------------------------------------------------- effects
+
+
+def set_effect_state(tx: Tx, eff: Row, state: EffectState, result: str | None = None) -> None:
+    now = time.time()
+    tx.execute(
+        "UPDATE effects SET state = ?, result = COALESCE(?, result), ended_at = ? WHERE effect_id = ?",
+        (str(state), result, now, eff["effect_id"]),
+    )
+    eff["state"] = str(state)
+    emit(tx, "effect.state", {"call_id": eff["call_id"], "tool": eff["tool"], "state": str(state)},
+         session_id=eff["session_id"], work_id=eff["work_id"])
+
+
+def effects_of_turn(tx: Tx, turn_id: str) -> list[Row]:
+    rows = tx.all("SELECT * FROM effects WHERE turn_id = ? ORDER BY seq", (turn_id,))
+    for r in rows:
+        r["arguments"] = json.loads(r["arguments"])
+        r["process"] = json.loads(r["process"]) if r["process"] else None
+    return rows
+
+
+def unknown_effects(tx: Tx, work_id: str) -> list[Row]:
+    """The unknown-effect set of a work item (scoped by provenance: its own executions)."""
+    return tx.all(
+        "SELECT effect_id, call_id, tool, arguments, capability FROM effects WHERE work_id = ? AND state = 'unknown'"
+        " AND capability NOT IN ('read_only', 'state_probe') ORDER BY seq",
+        (work_id,),
+    )
+
+
+# --------------------------------------------------------------------------- approvals
+
+
+def invalidate_approvals(tx: Tx, work_id: str, reason: str) -> None:
+    rows = tx.all("SELECT approval_id, session_id FROM approvals WHERE work_id = ? AND state = 'pending'", (work_id,))
+    for r in rows:
+        tx.execute(
+            "UPDATE approvals SET state = 'invalidated', reason = ?, decided_at = ? WHERE approval_id = ?",
+            (reason, time.time(), r["approval_id"]),
+        )
+        emit(tx, "approval.invalidated", {"approval_id": r["approval_id"], "reason": reason}, session_id=r["session_id"], work_id=work_id)
+
+
+def approval_for_call(tx: Tx, call_id: str) -> Row | None:
+    return tx.one("SELECT * FROM approvals WHERE call_id = ? ORDER BY created_at DESC LIMIT 1", (call_id,))
+
+
+def decide_approval(tx: Tx, approval_id: str, decision: str) -> Row:
+    row = tx.one("SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
+    if row is None:
+        raise NotFound(f"approval {approval_id} not found")
+    state = "approved" if decision == "approve" else "denied"
+    n = tx.execute(
+        "UPDATE approvals SET state = ?, decided_at = ? WHERE approval_id = ? AND state = 'pending'",
+        (state, time.time(), approval_id),
+    )
+    if n != 1:
+        raise VersionConflict(f"approval {approval_id} is no longer pending ({row['state']})")
+    work = get_work(tx, row["work_id"])
+    version = int(work["control_version"]) + 1
+    tx.execute("UPDATE work_items SET control_version = ? WHERE work_id = ?", (version, work["work_id"]))
+    work["control_version"] = version
+    emit(tx, "approval.decided", {"approval_id": approval_id, "decision": state}, session_id=row["session_id"], work_id=row["work_id"])
+    if work["desired_state"] == DesiredState.RUN and work["phase"] not in (Phase.DONE, Phase.CANCELLED):
+        set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
+    row["state"] = state
+    return row
+
+
+def list_approvals(tx: Tx, state: str | None) -> list[Row]:
+    if state:
+        rows = tx.all("SELECT * FROM approvals WHERE state = ? ORDER BY created_at", (state,))
+    else:
+        rows = tx.all("SELECT * FROM approvals ORDER BY created_at")
+    for r in rows:
+        r["arguments"] = json.loads(r["arguments"])
+        r["unknown_set"] = json.loads(r["unknown_set"])
+    return rows
+
+
+# --------------------------------------------------------------------------- outbox
+
+
+def enqueue_outbox(tx: Tx, op_key: str, kind: str, payload: dict[str, Any]) -> None:
+    tx.execute(
+        "INSERT INTO outbox (op_key, kind, payload, state, next_attempt_at, created_at) VALUES (?, ?, ?, 'pending', ?, ?)"
+        " ON CONFLICT (op_key) DO NOTHING",
+        (op_key, kind, dumps(payload), 0.0, time.time()),
+    )
+
+
+def due_outbox(tx: Tx, now: float, limit: int = 100) -> list[Row]:
+    rows = tx.all(
+        "SELECT * FROM outbox WHERE state = 'pending' AND next_attempt_at <= ? ORDER BY created_at LIMIT ?",
+        (now, limit),
+    )
+    for r in rows:
+        r["payload"] = json.loads(r["payload"])
+    return rows
+
+
+def outbox_done(tx: Tx, op_key: str, payload: dict[str, Any]) -> None:
+    n = tx.execute("UPDATE outbox SET state = 'done', done_at = ? WHERE op_key = ? AND state = 'pending'", (time.time(), op_key))
+    if n:
+        emit(tx, "usage.updated", {"op_key": op_key, "request_id": payload.get("request_id")},
+             session_id=payload.get("session_id"), work_id=payload.get("work_id"))
+
+
+def outbox_retry(tx: Tx, op_key: str, error: str, delay: float) -> None:
+    tx.execute(
+        "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? WHERE op_key = ?",
+        (error[:500], time.time() + delay, op_key),
+    )
+
+
+def pending_outbox_count(tx: Tx) -> int:
+    return int(tx.scalar("SELECT COUNT(*) AS n FROM outbox WHERE state = 'pending'") or 0)
+
+
+# --------------------------------------------------------------------------- server state
+
+
+def get_flag(tx: Tx, key: str) -> str | None:
+    row = tx.one("SELECT value FROM server_state WHERE key = ?", (key,))
+    return None if row is None else str(row["value"])
+
+
+def set_flag(tx: Tx, key: str, value: str) -> None:
+    tx.execute(
+        "INSERT INTO server_state (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (key, value),
+    )
+
+
+__all__ = [
+    "AttemptState",
+    "FencedError",
+    "NotFound",
+    "VersionConflict",
+]

@@ -1,0 +1,61 @@
+"""The outbox dispatcher: applies control.db operations to usage.db, insert-if-absent on their key.
+
+A failure (including a commit whose acknowledgement is lost) retries with a durable
+``next_attempt_at`` and bounded exponential backoff; the unique key makes the retry harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from jupyter_goals.faults import crash_point
+from jupyter_goals.store import control as c
+from jupyter_goals.store import usage as u
+from jupyter_goals.store.db import Database, Tx
+
+log = logging.getLogger(__name__)
+
+
+def backoff(attempts: int, base: float = 0.5, cap: float = 60.0) -> float:
+    return float(min(cap, base * 2**attempts))
+
+
+class OutboxDispatcher:
+    def __init__(self, control: Database, usage: Database) -> None:
+        self.control = control
+        self.usage = usage
+        # test seam for fault injection around the usage.db commit (a fault-injecting wrapper, not a mock)
+        self.after_usage_commit: Callable[[str], None] | None = None
+
+    async def dispatch_due(self) -> int:
+        """Apply every due operation once; returns how many were applied."""
+        rows = await self.control.run(lambda tx: c.due_outbox(tx, time.time()), write=False)
+        applied = 0
+        for row in rows:
+            key, payload = row["op_key"], row["payload"]
+            try:
+                crash_point("usage.before_persist")
+                await self.usage.run(lambda tx, k=key, p=payload: self._apply(tx, row["kind"], k, p))
+                crash_point("usage.after_persist")
+                if self.after_usage_commit is not None:
+                    self.after_usage_commit(key)
+                await self.control.run(lambda tx, k=key, p=payload: c.outbox_done(tx, k, p))
+                applied += 1
+            except Exception as exc:
+                log.warning("outbox %s failed (attempt %s): %s", key, row["attempts"] + 1, exc)
+                delay = backoff(int(row["attempts"]))
+                try:
+                    await self.control.run(lambda tx, k=key, e=str(exc), d=delay: c.outbox_retry(tx, k, e, d))
+                except Exception:
+                    log.exception("outbox %s: could not record the retry", key)
+        return applied
+
+    @staticmethod
+    def _apply(tx: Tx, kind: str, key: str, payload: dict[str, Any]) -> None:
+        if kind == "usage.receipt":
+            u.apply_receipt(tx, key, payload)
+        else:
+            raise ValueError(f"unknown outbox operation {kind!r}")

@@ -1,0 +1,196 @@
+"""Versioned schema migrations for control.db and usage.db.
+
+Each migration is portable SQL (SQLite and PostgreSQL): ``BIGINT``, ``DOUBLE PRECISION`` and
+``TEXT`` only; JSON is stored as TEXT. Applied versions are recorded in ``schema_migrations``.
+A schema newer than the code, or a migration that fails, raises ``MigrationFailed`` and leaves the
+database as it was (the migration runs in one transaction; SQLite files are backed up first).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import time
+
+from jupyter_goals.store.db import Database, MigrationFailed, StorageUnavailable, Tx
+
+CONTROL_MIGRATIONS: list[tuple[int, str, str]] = [
+    (
+        1,
+        "initial control schema",
+        """
+CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
+INSERT INTO counters (name, value) VALUES ('event_seq', 0);
+INSERT INTO counters (name, value) VALUES ('worker_generation', 0);
+INSERT INTO counters (name, value) VALUES ('transcript_seq', 0);
+CREATE TABLE events (
+  seq BIGINT PRIMARY KEY, ts DOUBLE PRECISION NOT NULL, session_id TEXT, work_id TEXT,
+  kind TEXT NOT NULL, payload TEXT NOT NULL);
+CREATE TABLE sessions (
+  session_id TEXT PRIMARY KEY, title TEXT NOT NULL, cwd TEXT NOT NULL, model TEXT NOT NULL,
+  permissions TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL,
+  last_admitted_at DOUBLE PRECISION NOT NULL DEFAULT 0);
+CREATE TABLE work_items (
+  work_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, kind TEXT NOT NULL, parent_work_id TEXT,
+  input TEXT NOT NULL, input_consumed BIGINT NOT NULL DEFAULT 0,
+  desired_state TEXT NOT NULL, control_version BIGINT NOT NULL, phase TEXT NOT NULL,
+  reason_code TEXT NOT NULL DEFAULT '', reason TEXT NOT NULL DEFAULT '',
+  permission_scope TEXT NOT NULL, objective_revision BIGINT NOT NULL DEFAULT 0,
+  host_name TEXT NOT NULL, auto_recover BIGINT NOT NULL DEFAULT 1,
+  commit_point BIGINT NOT NULL DEFAULT 0, recovery_attempts BIGINT NOT NULL DEFAULT 0,
+  next_attempt_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+  created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL, ended_at DOUBLE PRECISION);
+CREATE INDEX work_items_phase ON work_items (phase, session_id);
+CREATE TABLE messages (
+  message_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, client_request_id TEXT NOT NULL,
+  work_id TEXT NOT NULL, text TEXT NOT NULL, delivery TEXT NOT NULL, consumed BIGINT NOT NULL DEFAULT 0,
+  created_at DOUBLE PRECISION NOT NULL, UNIQUE (session_id, client_request_id));
+CREATE TABLE transcript (
+  item_id TEXT PRIMARY KEY, seq BIGINT NOT NULL, session_id TEXT NOT NULL, work_id TEXT, turn_id TEXT,
+  kind TEXT NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL DEFAULT '', call_id TEXT,
+  provider_call_id TEXT, response_id TEXT, tool TEXT, arguments TEXT, state TEXT, meta TEXT NOT NULL DEFAULT '{}',
+  created_at DOUBLE PRECISION NOT NULL);
+CREATE INDEX transcript_session_seq ON transcript (session_id, seq);
+CREATE TABLE turns (
+  turn_id TEXT PRIMARY KEY, work_id TEXT NOT NULL, session_id TEXT NOT NULL, state TEXT NOT NULL,
+  restricted BIGINT NOT NULL DEFAULT 0, started_at DOUBLE PRECISION NOT NULL, ended_at DOUBLE PRECISION,
+  end_reason TEXT);
+CREATE INDEX turns_work ON turns (work_id, state);
+CREATE TABLE attempts (
+  attempt_id TEXT PRIMARY KEY, turn_id TEXT NOT NULL, work_id TEXT NOT NULL, session_id TEXT NOT NULL,
+  state TEXT NOT NULL, mode TEXT NOT NULL, control_version BIGINT NOT NULL,
+  continuation_key TEXT NOT NULL UNIQUE, worker_id TEXT, generation BIGINT,
+  heartbeat_at DOUBLE PRECISION, admitted_at DOUBLE PRECISION NOT NULL, started_at DOUBLE PRECISION,
+  ended_at DOUBLE PRECISION, end_reason TEXT);
+CREATE INDEX attempts_state ON attempts (state);
+CREATE INDEX attempts_work ON attempts (work_id);
+CREATE TABLE workers (
+  worker_id TEXT PRIMARY KEY, generation BIGINT NOT NULL UNIQUE, host_name TEXT NOT NULL,
+  boot_id TEXT NOT NULL, pid BIGINT NOT NULL, start_time BIGINT, state TEXT NOT NULL,
+  registered_at DOUBLE PRECISION NOT NULL, heartbeat_at DOUBLE PRECISION NOT NULL,
+  lease_expires_at DOUBLE PRECISION NOT NULL, ended_at DOUBLE PRECISION, end_reason TEXT);
+CREATE TABLE effects (
+  effect_id TEXT PRIMARY KEY, call_id TEXT NOT NULL UNIQUE, work_id TEXT NOT NULL, turn_id TEXT NOT NULL,
+  session_id TEXT NOT NULL, attempt_id TEXT, tool TEXT NOT NULL, arguments TEXT NOT NULL,
+  capability TEXT NOT NULL, impl_identity TEXT NOT NULL, impl_digest TEXT NOT NULL, state TEXT NOT NULL,
+  result TEXT, process TEXT, created_at DOUBLE PRECISION NOT NULL, dispatched_at DOUBLE PRECISION,
+  ended_at DOUBLE PRECISION, seq BIGINT NOT NULL);
+CREATE INDEX effects_turn ON effects (turn_id, state);
+CREATE TABLE approvals (
+  approval_id TEXT PRIMARY KEY, call_id TEXT NOT NULL, work_id TEXT NOT NULL, session_id TEXT NOT NULL,
+  tool TEXT NOT NULL, arguments TEXT NOT NULL, arguments_digest TEXT NOT NULL, capability TEXT NOT NULL,
+  control_version BIGINT NOT NULL, unknown_set_digest TEXT NOT NULL DEFAULT '', unknown_set TEXT NOT NULL DEFAULT '[]',
+  state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', created_at DOUBLE PRECISION NOT NULL,
+  decided_at DOUBLE PRECISION, consumed_by_attempt TEXT);
+CREATE INDEX approvals_state ON approvals (state);
+CREATE TABLE recovery_decisions (
+  decision_key TEXT PRIMARY KEY, work_id TEXT NOT NULL, claimed_by TEXT NOT NULL, state TEXT NOT NULL,
+  mode TEXT, phase TEXT, reason_code TEXT, detail TEXT NOT NULL DEFAULT '{}', control_version BIGINT NOT NULL,
+  created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL);
+CREATE TABLE outbox (
+  op_key TEXT PRIMARY KEY, kind TEXT NOT NULL, payload TEXT NOT NULL, state TEXT NOT NULL,
+  attempts BIGINT NOT NULL DEFAULT 0, next_attempt_at DOUBLE PRECISION NOT NULL, last_error TEXT,
+  created_at DOUBLE PRECISION NOT NULL, done_at DOUBLE PRECISION);
+CREATE INDEX outbox_due ON outbox (state, next_attempt_at);
+CREATE TABLE requests (
+  request_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, work_id TEXT NOT NULL, turn_id TEXT NOT NULL,
+  attempt_id TEXT NOT NULL, purpose TEXT NOT NULL, model TEXT NOT NULL, goal_id TEXT, goal_revision BIGINT,
+  state TEXT NOT NULL, error TEXT, created_at DOUBLE PRECISION NOT NULL, ended_at DOUBLE PRECISION);
+CREATE TABLE server_state (key TEXT PRIMARY KEY, value TEXT NOT NULL)
+""",
+    ),
+]
+
+USAGE_MIGRATIONS: list[tuple[int, str, str]] = [
+    (
+        1,
+        "initial usage schema",
+        """
+CREATE TABLE receipts (
+  receipt_key TEXT PRIMARY KEY, request_id TEXT NOT NULL, session_id TEXT NOT NULL, work_id TEXT,
+  turn_id TEXT, goal_id TEXT, goal_revision BIGINT, job_id TEXT, purpose TEXT, provider TEXT, model TEXT,
+  usage_known BIGINT NOT NULL, input_tokens BIGINT NOT NULL DEFAULT 0, output_tokens BIGINT NOT NULL DEFAULT 0,
+  cached_tokens BIGINT NOT NULL DEFAULT 0, created_at DOUBLE PRECISION NOT NULL, applied_at DOUBLE PRECISION NOT NULL);
+CREATE INDEX receipts_session ON receipts (session_id);
+CREATE INDEX receipts_goal ON receipts (goal_id);
+CREATE TABLE activity (
+  interval_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, work_id TEXT NOT NULL, attempt_id TEXT NOT NULL,
+  started_at DOUBLE PRECISION NOT NULL, stopped_at DOUBLE PRECISION, last_heartbeat_at DOUBLE PRECISION NOT NULL,
+  stop_known BIGINT NOT NULL DEFAULT 1)
+""",
+    ),
+]
+
+MIGRATIONS = {"control": CONTROL_MIGRATIONS, "usage": USAGE_MIGRATIONS}
+
+
+def current_version(tx: Tx) -> int:
+    if tx.dialect == "sqlite":
+        exists = tx.one("SELECT name FROM sqlite_master WHERE type='table' AND name='schema_migrations'")
+    else:
+        exists = tx.one("SELECT to_regclass('schema_migrations') AS name")
+        exists = exists if exists and exists["name"] else None
+    if not exists:
+        return 0
+    return int(tx.scalar("SELECT COALESCE(MAX(version), 0) AS v FROM schema_migrations") or 0)
+
+
+def backup_sqlite(path: str, version: int) -> str | None:
+    """Copy the database beside itself before a migration (consistent copy via the backup API)."""
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return None
+    dest = f"{path}.v{version}.{time.strftime('%Y%m%dT%H%M%S')}.bak"
+    src = sqlite3.connect(path)
+    try:
+        dst = sqlite3.connect(dest)
+        try:
+            src.backup(dst)
+        finally:
+            dst.close()
+    finally:
+        src.close()
+    return dest
+
+
+def migrate(db: Database, which: str) -> int:
+    """Bring ``db`` to the newest schema for ``which`` ('control' | 'usage'); returns the version.
+
+    Runs synchronously (call it from a thread). Raises MigrationFailed, never half-applies.
+    """
+    migrations = MIGRATIONS[which]
+    newest = migrations[-1][0]
+    try:
+        version = db.transact(current_version, write=False)
+    except StorageUnavailable:
+        raise
+    if version > newest:
+        raise MigrationFailed(f"{which} database schema v{version} is newer than this code (v{newest})")
+    if version == newest:
+        return version
+    if db.dialect == "sqlite" and version > 0 and db.path:
+        backup_sqlite(db.path, version)
+
+    def apply(tx: Tx) -> int:
+        if current_version(tx) == 0:
+            tx.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL,"
+                " applied_at DOUBLE PRECISION NOT NULL)"
+            )
+        v = current_version(tx)
+        for number, name, sql in migrations:
+            if number <= v:
+                continue
+            tx.script(sql)
+            tx.execute(
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                (number, name, time.time()),
+            )
+        return newest
+
+    try:
+        return db.transact(apply)
+    except (StorageUnavailable, MigrationFailed):
+        raise
+    except Exception as exc:
+        raise MigrationFailed(f"{which} migration failed: {exc}") from exc
