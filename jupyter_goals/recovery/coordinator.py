@@ -144,7 +144,8 @@ class Coordinator:
                 " updated_at) VALUES (?, ?, ?, 'claimed', ?, ?, ?)",
                 (key, attempt["work_id"], self.claimant, work["control_version"], now, now),
             )
-            c.set_phase(tx, work, Phase.RECOVERING, ReasonCode.RECOVERED, "Recovering after an interruption.")
+            if work["desired_state"] == DesiredState.RUN:  # paused or stopped work keeps its phase and reason
+                c.set_phase(tx, work, Phase.RECOVERING, ReasonCode.RECOVERED, "Recovering after an interruption.")
             return True
         if row["state"] != "claimed":
             return False

@@ -78,15 +78,15 @@ class Supervisor:
     def alive(self) -> list[dict[str, Any]]:
         return [{"worker_id": w, "pid": p.pid} for w, p in self.procs.items() if p.returncode is None]
 
-    async def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM every worker (they hand their attempts back), SIGKILL what is left after ``timeout``."""
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every worker (they hand their attempts back), SIGKILL what is left after ``grace_s``."""
         self.stopping = True
         procs = list(self.procs.values())
         for p in procs:
             if p.returncode is None:
                 p.send_signal(signal.SIGTERM)
         if procs:
-            done, pending = await asyncio.wait([asyncio.create_task(p.wait()) for p in procs], timeout=timeout)
+            done, pending = await asyncio.wait([asyncio.create_task(p.wait()) for p in procs], timeout=grace_s)
             for p in procs:
                 if p.returncode is None:
                     p.kill()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jupyter_goals.identity import process_start_time
+from jupyter_goals.identity import boot_id, process_start_time
 from jupyter_goals.models import Capability
 
 MAX_OUTPUT = 20000
@@ -195,16 +195,16 @@ def shell_process(effect_dir: Path) -> dict[str, Any] | None:
 
 
 def shell_alive(effect_dir: Path) -> bool:
-    """True when the same process (pid and start time) that was spawned still runs."""
+    """True when the same process (pid and start time, this boot) that was spawned still runs."""
     proc = shell_process(effect_dir)
-    if proc is None:
-        return False
+    if proc is None or proc.get("boot_id", boot_id()) != boot_id():
+        return False  # a process of an earlier boot is dead, whatever now runs under its pid
     return process_start_time(int(proc["pid"])) == proc.get("start_time")
 
 
 async def wait_shell(effect_dir: Path, poll_s: float = 0.05) -> str | None:
     """Wait for a (possibly foreign) shell process; the real result, or None if it died without one."""
-    while True:
+    while True:  # noqa: ASYNC110 - a foreign process has no event to await; poll its files
         text = shell_result_text(effect_dir)
         if text is not None:
             return text
@@ -224,17 +224,16 @@ async def shell(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     )
     env = dict(os.environ, JG_COMMAND=str(args.get("command", "")), JG_DIR=str(d))
     env.pop("JUPYTER_GOALS_CRASH_AT", None)
-    proc = subprocess.Popen(
-        ["/bin/sh", "-c", wrapper], cwd=ctx.cwd, env=env, start_new_session=True,
+    proc = await asyncio.create_subprocess_exec(
+        "/bin/sh", "-c", wrapper, cwd=ctx.cwd, env=env, start_new_session=True,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    (d / "proc.json.tmp").write_text(json.dumps({"pid": proc.pid, "start_time": process_start_time(proc.pid)}))
+    (d / "proc.json.tmp").write_text(json.dumps({"pid": proc.pid, "start_time": process_start_time(proc.pid), "boot_id": boot_id()}))
     os.replace(d / "proc.json.tmp", d / "proc.json")
     from jupyter_goals.faults import crash_point
 
     crash_point("tool.after_dispatch")
-    while proc.poll() is None:
-        await asyncio.sleep(0.02)
+    await proc.wait()
     text = shell_result_text(d)
     if text is None:
         return ToolResult(f"exit status: unknown (process ended with {proc.returncode} before writing its status)", ok=False)

@@ -299,12 +299,15 @@ class TurnRunner:
         try:
             provider = resolve_provider(model)
             response = await provider.complete(request)
-        except ProviderUnavailable as exc:
-            await self.db.run(lambda tx: self._provider_failed(tx, request.request_id, str(exc), exc.reason_code, None))
-            return False
-        except ProviderError as exc:
-            code = ReasonCode.PROVIDER_RETRYING if exc.retryable else ReasonCode.PROVIDER_FAILED
-            await self.db.run(lambda tx: self._provider_failed(tx, request.request_id, str(exc), code, exc.status))
+        except ProviderUnavailable as unavailable:
+            error, code, status = str(unavailable), unavailable.reason_code, None
+        except ProviderError as fault:
+            error, status = str(fault), fault.status
+            code = ReasonCode.PROVIDER_RETRYING if fault.retryable else ReasonCode.PROVIDER_FAILED
+        else:
+            error = ""
+        if error:
+            await self.db.run(lambda tx: self._provider_failed(tx, request.request_id, error, code, status))
             return False
         crash_point("provider.after_response")
         await self.db.run(lambda tx: self._commit_response(tx, work, request, response, model))

@@ -139,14 +139,14 @@ class GoalsService:
         self._tasks.append(asyncio.create_task(self._admission_loop()))
         self._tasks.append(asyncio.create_task(self._outbox_loop()))
 
-    async def stop(self, timeout: float = 10.0) -> None:
+    async def stop(self, grace_s: float = 10.0) -> None:
         """Graceful: stop admission, stop workers (they hand back checkpoints), close the stores."""
         self.coordinator.admission_open = False
         faults.crash_point("shutdown.after_admission_stop")
         for t in self._tasks:
             t.cancel()
         if self.supervisor is not None:
-            await self.supervisor.stop(timeout=timeout)
+            await self.supervisor.stop(grace_s=grace_s)
         try:
             await asyncio.wait_for(self.outbox.dispatch_due(), timeout=2)
         except Exception:
@@ -226,7 +226,7 @@ class GoalsService:
 
     async def create_session(self, body: CreateSession) -> dict[str, Any]:
         self.check()
-        cwd = os.path.abspath(body.cwd or os.getcwd())
+        cwd = os.path.abspath(body.cwd or os.getcwd())  # noqa: ASYNC240 - path arithmetic, no disk access
         model = body.model or self.config.default_model
         perms = (body.permissions.model_dump() if body.permissions else {"mode": "ask", "allow": []})
         row = await self.control.run(lambda tx: c.create_session(tx, body.title or "Untitled chat", cwd, model, perms))

@@ -35,23 +35,27 @@ class OutboxDispatcher:
         rows = await self.control.run(lambda tx: c.due_outbox(tx, time.time()), write=False)
         applied = 0
         for row in rows:
-            key, payload = row["op_key"], row["payload"]
-            try:
-                crash_point("usage.before_persist")
-                await self.usage.run(lambda tx, k=key, p=payload: self._apply(tx, row["kind"], k, p))
-                crash_point("usage.after_persist")
-                if self.after_usage_commit is not None:
-                    self.after_usage_commit(key)
-                await self.control.run(lambda tx, k=key, p=payload: c.outbox_done(tx, k, p))
-                applied += 1
-            except Exception as exc:
-                log.warning("outbox %s failed (attempt %s): %s", key, row["attempts"] + 1, exc)
-                delay = backoff(int(row["attempts"]))
-                try:
-                    await self.control.run(lambda tx, k=key, e=str(exc), d=delay: c.outbox_retry(tx, k, e, d))
-                except Exception:
-                    log.exception("outbox %s: could not record the retry", key)
+            applied += await self._dispatch_one(row)
         return applied
+
+    async def _dispatch_one(self, row: dict[str, Any]) -> int:
+        key, kind, payload = str(row["op_key"]), str(row["kind"]), dict(row["payload"])
+        try:
+            crash_point("usage.before_persist")
+            await self.usage.run(lambda tx: self._apply(tx, kind, key, payload))
+            crash_point("usage.after_persist")
+            if self.after_usage_commit is not None:
+                self.after_usage_commit(key)
+            await self.control.run(lambda tx: c.outbox_done(tx, key, payload))
+            return 1
+        except Exception as exc:
+            log.warning("outbox %s failed (attempt %s): %s", key, row["attempts"] + 1, exc)
+            error, delay = str(exc), backoff(int(row["attempts"]))
+            try:
+                await self.control.run(lambda tx: c.outbox_retry(tx, key, error, delay))
+            except Exception:
+                log.exception("outbox %s: could not record the retry", key)
+            return 0
 
     @staticmethod
     def _apply(tx: Tx, kind: str, key: str, payload: dict[str, Any]) -> None:

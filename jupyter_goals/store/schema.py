@@ -9,7 +9,6 @@ database as it was (the migration runs in one transaction; SQLite files are back
 from __future__ import annotations
 
 import os
-import shutil
 import sqlite3
 import time
 
@@ -153,6 +152,18 @@ def backup_sqlite(path: str, version: int) -> str | None:
     return dest
 
 
+def _storage_fault(exc: BaseException) -> bool:
+    """Lock timeouts, I/O errors and lost connections say nothing about the migration itself."""
+    if isinstance(exc, sqlite3.OperationalError):
+        msg = str(exc).lower()
+        return "locked" in msg or "disk i/o" in msg or "unable to open" in msg
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, psycopg.OperationalError)
+
+
 def migrate(db: Database, which: str) -> int:
     """Bring ``db`` to the newest schema for ``which`` ('control' | 'usage'); returns the version.
 
@@ -181,11 +192,18 @@ def migrate(db: Database, which: str) -> int:
         for number, name, sql in migrations:
             if number <= v:
                 continue
-            tx.script(sql)
-            tx.execute(
-                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-                (number, name, time.time()),
-            )
+            try:
+                tx.script(sql)
+                tx.execute(
+                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    (number, name, time.time()),
+                )
+            except Exception as exc:
+                if _storage_fault(exc):
+                    raise
+                # a failing statement is a broken migration, not an unreadable database (db.transact
+                # would otherwise report SQLite's OperationalError as storage_unavailable)
+                raise MigrationFailed(f"{which} migration v{number} ({name}) failed: {exc}") from exc
         return newest
 
     try:

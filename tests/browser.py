@@ -1,0 +1,353 @@
+"""Drive a real ``jupyter lab`` process from headless Chromium.
+
+Reusable by any browser test:
+
+    with run_jupyter_lab(tmp_path) as server, launch_chromium() as browser:
+        lab = LabPage.open(browser, server)
+        lab.open_goals_sidebar()
+        lab.wait_for_text('[data-testid="goals-health-status"]', "ok")
+
+The browser is Debian's ``/usr/bin/chromium`` (``.ci/install-chromium.sh``) driven by
+Playwright through ``executable_path``: Playwright's own browser download is not needed.
+Set ``JUPYTER_GOALS_CHROMIUM`` to use another binary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # playwright is imported lazily so that a missing browser can skip cleanly
+    from playwright.sync_api import Browser, ConsoleMessage, Page
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LABEXTENSION_NAME = "jupyter-goals"
+SIDEBAR_ID = "jupyter-goals-sidebar"
+OPEN_COMMAND = "jupyter-goals:open"
+
+CHROMIUM = os.environ.get("JUPYTER_GOALS_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+
+
+def chromium_missing_reason() -> str | None:
+    """Why the browser tests cannot run here, or None when they can."""
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        return f"{CHROMIUM} not found: run .ci/install-chromium.sh (Debian's chromium package)"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def installed_labextension() -> Path | None:
+    """The prebuilt extension as `pip install .` lays it out in this environment."""
+    path = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / LABEXTENSION_NAME
+    return path if (path / "package.json").is_file() else None
+
+
+def repo_labextension() -> Path | None:
+    """The extension built in the working tree by `jlpm build:prod` (not yet installed)."""
+    path = REPO_ROOT / "jupyter_goals" / "labextension"
+    return path if (path / "package.json").is_file() else None
+
+
+def _build_id(path: Path) -> str:
+    """The hashed remoteEntry file name: equal ids mean the same build."""
+    data = json.loads((path / "package.json").read_text())
+    return str(data.get("jupyterlab", {}).get("_build", {}).get("load", ""))
+
+
+@dataclass
+class LabServer:
+    """A running ``jupyter lab`` subprocess on 127.0.0.1."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    token: str
+    root_dir: Path
+    state_dir: Path
+    log_path: Path
+    labextension: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def lab_url(self) -> str:
+        return f"{self.base_url}/lab?token={self.token}"
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float = 10) -> tuple[int, Any]:
+        """Call the server's REST API with token auth; returns (status, parsed JSON or text)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            f"{self.base_url}/{path.lstrip('/')}",
+            data=data,
+            method=method,
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            status, raw = err.code, err.read()
+        text = raw.decode(errors="replace")
+        try:
+            return status, json.loads(text) if text else None
+        except ValueError:
+            return status, text
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"jupyter lab exited with {self.proc.returncode} before it was ready:\n{self.log_tail()}"
+                )
+            try:
+                status, _ = self.request("GET", "api/status", timeout=2)
+                if status == 200:
+                    return
+                last = f"HTTP {status}"
+            except OSError as err:
+                last = str(err)
+            time.sleep(0.25)
+        raise TimeoutError(f"jupyter lab not ready after {timeout}s ({last}):\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 15) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@contextmanager
+def run_jupyter_lab(
+    tmp: Path,
+    *,
+    goals_server_extension: bool = True,
+    extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    ready_timeout: float = 90,
+) -> Iterator[LabServer]:
+    """Start ``jupyter lab`` with isolated user config/data/runtime dirs under ``tmp``.
+
+    The venv's ``share/jupyter`` and ``etc/jupyter`` stay on the search path, so the
+    installed labextension and the ``jupyter_goals`` server extension are found as a user
+    would find them. When the labextension is built in the working tree but not installed
+    yet, it is added through ``LabApp.extra_labextensions_path``.
+
+    ``goals_server_extension=False`` disables the ``jupyter_goals`` server extension, so every
+    ``/api/goals/*`` request 404s (the sidebar's error state).
+    """
+    tmp = Path(tmp)
+    root_dir, state_dir = tmp / "root", tmp / "state"
+    config_dir, data_dir, runtime_dir = tmp / "config", tmp / "data", tmp / "runtime"
+    for d in (root_dir, state_dir, config_dir, data_dir, runtime_dir):
+        d.mkdir(parents=True, exist_ok=True)
+
+    args: list[str] = []
+    labextension = installed_labextension()
+    built = repo_labextension()
+    if labextension is not None and built is not None and _build_id(labextension) != _build_id(built):
+        warnings.warn(
+            f"testing the installed labextension {labextension}, which differs from the working-tree "
+            "build in jupyter_goals/labextension: re-run `pip install -e .` to test the latter",
+            stacklevel=3,
+        )
+    if labextension is None:
+        if built is None:
+            raise RuntimeError(
+                "the jupyter-goals labextension is neither installed nor built: run "
+                "`cd labextension && jlpm install && jlpm build:prod` or `pip install .`"
+            )
+        extra = tmp / "labextensions"
+        extra.mkdir(exist_ok=True)
+        link = extra / LABEXTENSION_NAME
+        if not link.exists():
+            link.symlink_to(built, target_is_directory=True)
+        args.append(f"--LabApp.extra_labextensions_path={extra}")
+        labextension = built
+
+    # No "Would you like to get notified about Jupyter news?" toast over the screenshots.
+    notification = config_dir / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    notification.mkdir(parents=True, exist_ok=True)
+    (notification / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+
+    if not goals_server_extension:
+        # On the command line: it outranks every jupyter_server_config.d file, including the
+        # environment's own (which a venv ranks above the user's config dir).
+        args.append("--ServerApp.jpserver_extensions=jupyter_goals=False")
+
+    port, token = free_port(), secrets.token_hex(16)
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--allow-root",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root_dir}",
+        "--LabApp.expose_app_in_browser=True",
+        "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        *args,
+        *extra_args,
+    ]
+    proc_env = {
+        **os.environ,
+        "JUPYTER_GOALS_STATE_DIR": str(state_dir),
+        "JUPYTER_CONFIG_DIR": str(config_dir),
+        "JUPYTER_DATA_DIR": str(data_dir),
+        "JUPYTER_RUNTIME_DIR": str(runtime_dir),
+        "JUPYTER_PLATFORM_DIRS": "0",
+        "PYTHONUNBUFFERED": "1",
+        **(env or {}),
+    }
+    log_path = tmp / "jupyter-lab.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=root_dir, env=proc_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    server = LabServer(proc, port, token, root_dir, state_dir, log_path, labextension)
+    try:
+        server.wait_ready(ready_timeout)
+        yield server
+    finally:
+        server.stop()
+
+
+@contextmanager
+def launch_chromium(headless: bool = True) -> Iterator[Browser]:
+    """Launch ``/usr/bin/chromium`` through Playwright (a fresh profile per launch)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=headless, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@dataclass
+class LabPage:
+    """One browser tab showing JupyterLab, with helpers for the Goals sidebar."""
+
+    page: Page
+    server: LabServer
+    console_errors: list[str] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, browser: Browser, server: LabServer, timeout_ms: float = 60_000) -> LabPage:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        page.set_default_timeout(timeout_ms)
+        lab = cls(page, server)
+
+        def on_console(msg: ConsoleMessage) -> None:
+            if msg.type == "error":
+                lab.console_errors.append(msg.text)
+
+        page.on("console", on_console)
+        page.on("pageerror", lambda err: lab.console_errors.append(f"pageerror: {err}"))
+        page.goto(server.lab_url)
+        lab.wait_restored(timeout_ms)
+        return lab
+
+    def wait_restored(self, timeout_ms: float = 60_000) -> None:
+        """Wait until JupyterLab has started and restored its layout."""
+        self.page.wait_for_function("() => window.jupyterapp !== undefined", timeout=timeout_ms)
+        self.page.evaluate("() => window.jupyterapp.restored.then(() => true)")
+        self.page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=timeout_ms)
+
+    def reload(self, timeout_ms: float = 60_000) -> None:
+        self.page.reload()
+        self.wait_restored(timeout_ms)
+
+    def close(self) -> None:
+        self.page.context.close()
+
+    @property
+    def sidebar(self) -> str:
+        return f"#{SIDEBAR_ID}"
+
+    def sidebar_tab(self) -> str:
+        return f'.jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id="{SIDEBAR_ID}"]'
+
+    def has_plugin(self) -> bool:
+        return bool(self.page.evaluate("(id) => window.jupyterapp.hasPlugin(id)", "jupyter-goals:sidebar"))
+
+    def open_goals_sidebar(self, via: str = "tab") -> None:
+        """Show the Goals panel by clicking its left-sidebar tab or running its command."""
+        if via == "command":
+            self.page.evaluate("(cmd) => window.jupyterapp.commands.execute(cmd)", OPEN_COMMAND)
+        elif via == "tab":
+            if not self.page.locator(self.sidebar).is_visible():
+                self.page.locator(self.sidebar_tab()).click()
+        else:
+            raise ValueError(f"unknown way to open the sidebar: {via!r}")
+        self.page.locator(self.sidebar).wait_for(state="visible")
+
+    def testid(self, name: str) -> str:
+        return f'{self.sidebar} [data-testid="{name}"]'
+
+    def text(self, testid: str) -> str:
+        return self.page.locator(self.testid(testid)).first.inner_text().strip()
+
+    def wait_for_text(self, testid: str, text: str, timeout_ms: float = 20_000) -> None:
+        """Wait until an element with this data-testid contains ``text``."""
+        locator = self.page.locator(self.testid(testid)).filter(has_text=text).first
+        try:
+            locator.wait_for(state="visible", timeout=timeout_ms)
+        except Exception as err:
+            raise AssertionError(
+                f"{text!r} never appeared in [data-testid={testid}]; panel shows:\n"
+                f"{self.page.locator(self.sidebar).inner_text()}\n"
+                f"console errors: {self.console_errors}\nserver log:\n{self.server.log_tail(2000)}"
+            ) from err
+
+    def click_testid(self, testid: str) -> None:
+        self.page.locator(self.testid(testid)).first.click()
+
+    def screenshot(self, path: Path) -> Path:
+        self.page.screenshot(path=str(path), full_page=True)
+        return path

@@ -1,0 +1,290 @@
+"""Process-level crash tests: real ``jupyter server`` processes, kill -9, restart, count side effects.
+
+The chat under test asks the model to run ``shell`` once to append one line to ``out.txt``, then
+answer. "No duplicate" is proven by counting the lines in that file, never by log lines.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from jupyter_goals.store import control as c
+from jupyter_goals.store.db import Database, FencedError
+from tests.servers import ServerProcess, write_script
+
+pytestmark = pytest.mark.slow
+
+APPEND_RULES: list[dict[str, Any]] = [
+    {"when": {"last_user_contains": "append", "tool_result_unknown": True},
+     "respond": {"text": "The append has an unknown outcome; I will not repeat it.", "usage": {"input_tokens": 9, "output_tokens": 3}}},
+    {"when": {"last_user_contains": "append", "last_tool_result_contains": "exit status: 0"},
+     "respond": {"text": "Appended one line.", "usage": {"input_tokens": 10, "output_tokens": 4}}},
+    {"when": {"last_user_contains": "append"},
+     "respond": {"text": "Appending.", "tool_calls": [{"name": "shell", "arguments": {"command": "echo line >> out.txt"}}],
+                 "usage": {"input_tokens": 8, "output_tokens": 2}}},
+    {"when": {"last_user_contains": "slow", "last_tool_result_contains": "exit status"},
+     "respond": {"text": "Slow command finished.", "usage": {"input_tokens": 5, "output_tokens": 1}}},
+    {"when": {"last_user_contains": "slow"},
+     "respond": {"text": "Running slowly.", "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 2; echo line >> out.txt"}}]}},
+    {"when": {"last_user_contains": "think"},
+     "respond": {"text": "Thought about it.", "delay_s": 0.4, "usage": {"input_tokens": 3, "output_tokens": 1}}},
+]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    root = tmp_path / "root"
+    root.mkdir()
+    model = write_script(tmp_path / "script.json", APPEND_RULES)
+    servers: list[ServerProcess] = []
+
+    def make(extra: list[str] | None = None, env: dict[str, str] | None = None) -> ServerProcess:
+        s = ServerProcess(tmp_path / "state", root, model=model, extra=extra, env=env)
+        servers.append(s)
+        return s
+
+    yield {"root": root, "state": tmp_path / "state", "make": make, "out": root / "out.txt"}
+    for s in servers:
+        s.kill()
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def fired(state: Path, point: str) -> bool:
+    return (state / "faults" / f"{point}.fired").exists()
+
+
+def wait_for(cond: Any, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(what)
+
+
+def new_session(server: ServerProcess, root: Path) -> str:
+    snap = server.client().create_session(title="crash", cwd=str(root), permissions={"mode": "bypass"})
+    return str(snap["session"]["session_id"])
+
+
+def send_raw(server: ServerProcess, sid: str, text: str, crid: str) -> httpx.Response | None:
+    try:
+        return httpx.post(f"{server.url}api/goals/sessions/{sid}/messages", json={"text": text, "client_request_id": crid},
+                          headers={"Authorization": f"token {server.token}"}, timeout=10)
+    except httpx.HTTPError:
+        return None  # the server died before answering: the request was never acknowledged
+
+
+def db_rows(state: Path, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    conn = sqlite3.connect(state / "control.db")
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, params)]
+    finally:
+        conn.close()
+
+
+WORKER_POINTS = [
+    "provider.before_request",
+    "provider.after_response",
+    "provider.after_commit",
+    "tool.before_dispatch",
+    "tool.after_dispatch",
+    "tool.before_result_commit",
+    "tool.after_result_commit",
+]
+
+
+@pytest.mark.parametrize("point", WORKER_POINTS)
+def test_chat_survives_crash_at_point_and_appends_at_most_once(env: dict[str, Any], point: str) -> None:
+    server = env["make"]().start(crash_at=point)
+    sid = new_session(server, env["root"])
+    server.client().send(sid, "please append a line", client_request_id="r1")
+    wait_for(lambda: fired(env["state"], point), what=f"{point} to fire")
+    server.kill()  # kill -9 of the server and its workers right after the crash
+    dispatched = db_rows(env["state"], "SELECT state FROM effects WHERE state != 'planned'")
+
+    server = env["make"]().start()  # restarted without the variable; no further client request
+    snap = server.client().wait(sid, timeout=60)
+    assert snap["work"]["phase"] == "done"
+    assert lines(env["out"]) <= 1
+    if dispatched or point.startswith("tool.after") or point == "tool.before_result_commit":
+        assert lines(env["out"]) == 1
+    kinds = [i["kind"] for i in snap["transcript"]["items"]]
+    assert "interruption" in kinds, kinds
+    results = [i for i in snap["transcript"]["items"] if i["kind"] == "tool_result"]
+    assert results and all(r["state"] in ("committed", "unknown") for r in results)
+    assert kinds.count("user") == 1  # the user input is never re-appended
+    before = snap["transcript"]["items"]
+    server.kill()
+
+    server = env["make"]().start()  # a second restart changes nothing
+    time.sleep(1.5)
+    again = server.client().session(sid)
+    assert again["transcript"]["items"] == before
+    assert again["work"]["phase"] == "done"
+    assert lines(env["out"]) <= 1
+
+
+def test_unacknowledged_request_is_not_shown_as_submitted(env: dict[str, Any]) -> None:
+    server = env["make"]().start(crash_at="input.before_accept")
+    sid = new_session(server, env["root"])
+    assert send_raw(server, sid, "please append a line", "r1") is None
+    server.wait_exit(timeout=20)
+    server = env["make"]().start()
+    snap = server.client().session(sid)
+    assert snap["work"] is None and snap["transcript"]["items"] == []
+    # the client retries with the same client_request_id: accepted exactly once
+    first = server.client().send(sid, "please append a line", client_request_id="r1")
+    second = server.client().send(sid, "please append a line", client_request_id="r1")
+    assert first["message_id"] == second["message_id"]
+    server.client().wait(sid, timeout=30)
+    assert lines(env["out"]) == 1
+
+
+def test_request_accepted_before_crash_runs_once_and_retry_gets_same_answer(env: dict[str, Any]) -> None:
+    server = env["make"]().start(crash_at="input.after_accept")
+    sid = new_session(server, env["root"])
+    assert send_raw(server, sid, "please append a line", "r1") is None  # committed, never acknowledged
+    server.wait_exit(timeout=20)
+    server = env["make"]().start()
+    snap = server.client().wait(sid, timeout=30)  # continues with no further client request
+    retry = server.client().send(sid, "please append a line", client_request_id="r1")
+    assert retry["work_id"] == snap["work"]["work_id"]
+    time.sleep(0.5)
+    assert lines(env["out"]) == 1
+    assert len(db_rows(env["state"], "SELECT work_id FROM work_items")) == 1
+
+
+@pytest.mark.parametrize("point", ["recovery.after_claim", "recovery.after_decision"])
+def test_crash_during_recovery_converges(env: dict[str, Any], point: str) -> None:
+    server = env["make"]().start()
+    sid = new_session(server, env["root"])
+    server.client().send(sid, "slow: please run", client_request_id="r1")
+    wait_for(lambda: db_rows(env["state"], "SELECT 1 FROM effects WHERE state = 'dispatched'"), what="dispatch")
+    server.kill()
+    server = env["make"]().start(crash_at=point, wait=False)
+    assert server.wait_exit(timeout=30) == 86  # another crash, during recovery
+    assert fired(env["state"], point)
+    server = env["make"]().start()
+    snap = server.client().wait(sid, timeout=60)
+    assert lines(env["out"]) == 1
+    decisions = db_rows(env["state"], "SELECT decision_key, state FROM recovery_decisions")
+    assert len({d["decision_key"] for d in decisions}) == len(decisions) >= 1
+    assert [i["kind"] for i in snap["transcript"]["items"]].count("interruption") >= 1
+
+
+def test_worker_kill_is_recovered_by_supervisor_and_old_generation_is_fenced(env: dict[str, Any]) -> None:
+    server = env["make"]().start()
+    sid = new_session(server, env["root"])
+    server.client().send(sid, "slow: please run", client_request_id="r1")
+    wait_for(lambda: db_rows(env["state"], "SELECT 1 FROM effects WHERE state = 'dispatched'"), what="dispatch")
+    old = db_rows(env["state"], "SELECT attempt_id, generation FROM attempts WHERE state = 'running'")[0]
+    [worker] = server.workers()
+    os.kill(worker["pid"], signal.SIGKILL)  # the worker alone; the server lives
+    snap = server.client().wait(sid, timeout=60)
+    assert snap["work"]["phase"] == "done"
+    assert lines(env["out"]) == 1
+    assert server.workers() and server.workers()[0]["pid"] != worker["pid"]
+    db = Database(f"sqlite:///{env['state'] / 'control.db'}")
+    try:
+        with pytest.raises(FencedError):
+            db.transact(lambda tx: c.fence(tx, old["attempt_id"], old["generation"]))
+    finally:
+        db.close()
+
+
+def test_paused_and_stopped_chats_stay_so_across_restart(env: dict[str, Any]) -> None:
+    server = env["make"]().start()
+    cl = server.client()
+    paused, stopped = new_session(server, env["root"]), new_session(server, env["root"])
+    cl.send(paused, "slow: please run", client_request_id="p")
+    cl.send(stopped, "slow: please run", client_request_id="s")
+    wait_for(lambda: len(db_rows(env["state"], "SELECT 1 FROM effects WHERE state = 'dispatched'")) == 2, what="dispatch")
+    cl.action(paused, "pause")
+    cl.action(stopped, "stop")
+    server.kill()
+    server = env["make"]().start()
+    time.sleep(4)  # several reconcile ticks
+    cl = server.client()
+    assert cl.session(paused)["work"]["phase"] == "paused"
+    assert cl.session(paused)["work"]["reason_code"] == "user_paused"
+    assert cl.session(paused)["actions"]["can_resume"] is True
+    assert cl.session(stopped)["work"]["phase"] == "cancelled"
+    n_requests = len(db_rows(env["state"], "SELECT 1 FROM requests"))
+    assert n_requests == 2  # no model call while paused or stopped
+    cl.action(paused, "resume")
+    snap = cl.wait(paused, timeout=30)
+    assert snap["work"]["phase"] == "done"
+
+
+def test_twenty_chats_continue_after_restart_within_quota(env: dict[str, Any]) -> None:
+    quota = ["--GoalsApp.max_concurrent_turns=4"]
+    server = env["make"](quota).start()
+    cl = server.client()
+    sids = [new_session(server, env["root"]) for _ in range(20)]
+    for i, sid in enumerate(sids):
+        cl.send(sid, "think hard", client_request_id=f"r{i}")
+    time.sleep(0.6)
+    server.kill()
+    server = env["make"](quota).start()
+    cl = server.client()
+    for sid in sids:
+        assert cl.wait(sid, timeout=90)["work"]["phase"] == "done"
+    attempts = db_rows(env["state"], "SELECT session_id, started_at, ended_at, admitted_at FROM attempts WHERE started_at IS NOT NULL")
+    points = sorted([(a["started_at"], 1) for a in attempts] + [(a["ended_at"] or 1e18, -1) for a in attempts],
+                    key=lambda p: (p[0], p[1]))
+    running = peak = 0
+    for _, delta in points:
+        running += delta
+        peak = max(peak, running)
+    assert peak <= 4
+    assert {a["session_id"] for a in attempts} == set(sids)
+
+
+def test_stop_all_then_kill_leaves_everything_stopped(env: dict[str, Any]) -> None:
+    server = env["make"]().start()
+    cl = server.client()
+    sids = [new_session(server, env["root"]) for _ in range(3)]
+    for i, sid in enumerate(sids):
+        cl.send(sid, "slow: please run", client_request_id=f"r{i}")
+    wait_for(lambda: db_rows(env["state"], "SELECT 1 FROM effects WHERE state = 'dispatched'"), what="dispatch")
+    stopped = cl.stop_all()["stopped"]
+    assert len(stopped) == 3
+    server.kill()
+    server = env["make"]().start()
+    time.sleep(3)
+    for sid in sids:
+        assert server.client().session(sid)["work"]["phase"] == "cancelled"
+
+
+def test_machine_restart_marks_old_workers_dead_and_work_continues_after_long_downtime(env: dict[str, Any]) -> None:
+    server = env["make"](env={"JUPYTER_GOALS_BOOT_ID": "boot-1"}).start()
+    sid = new_session(server, env["root"])
+    server.client().send(sid, "think hard", client_request_id="r1")
+    wait_for(lambda: db_rows(env["state"], "SELECT 1 FROM attempts WHERE state = 'running'"), what="running")
+    server.kill()
+    # three hours of downtime: shift every timestamp back
+    conn = sqlite3.connect(env["state"] / "control.db")
+    for table, cols in {"work_items": ("created_at", "updated_at"), "workers": ("registered_at", "heartbeat_at", "lease_expires_at"),
+                        "attempts": ("admitted_at", "started_at", "heartbeat_at")}.items():
+        conn.execute(f"UPDATE {table} SET " + ", ".join(f"{col} = {col} - 10800" for col in cols))
+    conn.commit()
+    conn.close()
+    server = env["make"](env={"JUPYTER_GOALS_BOOT_ID": "boot-2"}).start()
+    snap = server.client().wait(sid, timeout=30)
+    assert snap["work"]["phase"] == "done"
+    dead = db_rows(env["state"], "SELECT end_reason FROM workers WHERE boot_id = 'boot-1'")
+    assert dead and all(d["end_reason"] == "new boot" for d in dead)
