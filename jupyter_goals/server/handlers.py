@@ -124,8 +124,10 @@ class SessionsHandler(GoalsHandler):
     @api
     async def post(self) -> None:
         body = self.body(CreateSession)
+        snapshot = await self.service.create_session(body)
         self.set_status(201)
-        self.finish(await self.service.create_session(body))
+        # contract (DESIGN §10): 201 {session_id, …}; the snapshot nests it under "session"
+        self.finish({"session_id": snapshot["session"]["session_id"], **snapshot})
 
 
 class SessionHandler(GoalsHandler):
@@ -191,6 +193,13 @@ class EventsHandler(GoalsHandler):
     """``GET /events?after=SEQ``: Server-Sent Events (``id:`` = seq, honours Last-Event-ID), or
     ``&format=json&limit=N`` → ``{events, last_seq}``."""
 
+    client_gone = False
+
+    def on_connection_close(self) -> None:
+        # without this a closed stream keeps polling the database until the next keep-alive write
+        self.client_gone = True
+        super().on_connection_close()
+
     @tornado.web.authenticated
     @authorized
     @api
@@ -207,7 +216,7 @@ class EventsHandler(GoalsHandler):
         self.set_header("Cache-Control", "no-cache")
         self.set_header("X-Accel-Buffering", "no")
         idle = 0.0
-        while True:
+        while not self.client_gone:
             batch = await self.service.events(after, limit)
             try:
                 for ev in batch["events"]:
@@ -221,7 +230,7 @@ class EventsHandler(GoalsHandler):
                     await self.flush()
             except StreamClosedError:
                 return
-            if self.request.connection is None or getattr(self.request.connection, "stream", None) is None:
+            if self.client_gone or self.request.connection is None or getattr(self.request.connection, "stream", None) is None:
                 return
             if not batch["events"]:
                 await asyncio.sleep(0.25)

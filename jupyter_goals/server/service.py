@@ -30,6 +30,7 @@ from jupyter_goals.runtime.tools import ToolRegistry
 from jupyter_goals.store import control as c
 from jupyter_goals.store import usage as u
 from jupyter_goals.store.db import Database, MigrationFailed, Row, StorageUnavailable, Tx
+from jupyter_goals.store.events import EventTail
 from jupyter_goals.store.outbox import OutboxDispatcher
 from jupyter_goals.store.schema import migrate
 
@@ -94,6 +95,7 @@ class GoalsService:
             recovery_backoff_s=config.recovery_backoff_s,
         )
         self.outbox = OutboxDispatcher(self.control, self.usage)
+        self.event_tail = EventTail(self.control)
         self.supervisor: Supervisor | None = None
         self.degraded: Degraded | None = None
         self.usage_degraded: str | None = None
@@ -151,6 +153,7 @@ class GoalsService:
             await asyncio.wait_for(self.outbox.dispatch_due(), timeout=2)
         except Exception:
             pass
+        await self.event_tail.close()
         await asyncio.to_thread(self.control.close)
         await asyncio.to_thread(self.usage.close)
 
@@ -331,11 +334,7 @@ class GoalsService:
 
     async def events(self, after: int, limit: int) -> dict[str, Any]:
         self.check()
-
-        def run(tx: Tx) -> dict[str, Any]:
-            return {"events": c.events_after(tx, after, limit), "last_seq": c.last_event_seq(tx)}
-
-        return await self.control.run(run, write=False)
+        return await self.event_tail.after(after, limit)
 
 
 def _session_view(s: Row) -> dict[str, Any]:

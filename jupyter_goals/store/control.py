@@ -539,7 +539,10 @@ def claim_attempt(tx: Tx, worker_id: str, generation: int) -> Row | None:
         return None
     row.update(state="running", worker_id=worker_id, generation=generation)
     work = get_work(tx, row["work_id"])
-    set_phase(tx, work, Phase.WORKING, ReasonCode.WORKING)
+    # an attempt admitted before a pause/stop is claimed only to yield to that control: never show
+    # paused or stopped work as working (the turn's first fenced read ends the attempt)
+    if work["desired_state"] == DesiredState.RUN and int(work["control_version"]) == int(row["control_version"]):
+        set_phase(tx, work, Phase.WORKING, ReasonCode.WORKING)
     return row
 
 
