@@ -62,7 +62,7 @@ class Worker:
         self.poll_s = poll_s
         self.retry_base_s = retry_base_s
         self.generation = 0
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: dict[asyncio.Task[None], TurnRunner] = {}
         self.stopping = asyncio.Event()
 
     async def run(self) -> None:
@@ -79,9 +79,10 @@ class Worker:
                     attempt = await self.db.run(self._claim)
                     if attempt is not None:
                         claimed = True
-                        task = asyncio.create_task(self._run_attempt(attempt))
-                        self.tasks.add(task)
-                        task.add_done_callback(self.tasks.discard)
+                        runner = self._runner(attempt)
+                        task = asyncio.create_task(self._run_attempt(runner))
+                        self.tasks[task] = runner
+                        task.add_done_callback(lambda t: self.tasks.pop(t, None))
                 if not claimed:
                     try:
                         await asyncio.wait_for(self.stopping.wait(), self.poll_s)
@@ -97,11 +98,14 @@ class Worker:
             attempt["cwd"] = c.get_session(tx, attempt["session_id"])["cwd"]
         return attempt
 
-    async def _run_attempt(self, attempt: Row) -> None:
-        runner = TurnRunner(
+    def _runner(self, attempt: Row) -> TurnRunner:
+        return TurnRunner(
             self.db, attempt, state_dir=self.state_dir, registry=self.registry, default_model=self.default_model,
             cwd=attempt["cwd"], retry_base_s=self.retry_base_s,
         )
+
+    async def _run_attempt(self, runner: TurnRunner) -> None:
+        attempt = runner.attempt
         try:
             await runner.run()
         except StorageUnavailable as exc:
@@ -121,9 +125,13 @@ class Worker:
                 os._exit(3)
 
     async def _shutdown(self, grace_s: float = 5.0) -> None:
-        """Graceful stop: let running steps reach a commit, then hand attempts back as checkpoints."""
+        """Graceful stop: waits on detached processes are dropped at once (the next attempt reconnects
+        them); other steps get ``grace_s`` to reach their commit. Attempts are handed back as checkpoints."""
+        for task, runner in list(self.tasks.items()):
+            if runner.awaiting_process:
+                task.cancel()
         if self.tasks:
-            _, pending = await asyncio.wait(self.tasks, timeout=grace_s)
+            _, pending = await asyncio.wait(list(self.tasks), timeout=grace_s)
             for t in pending:
                 t.cancel()
             if pending:

@@ -288,3 +288,81 @@ def test_machine_restart_marks_old_workers_dead_and_work_continues_after_long_do
     assert snap["work"]["phase"] == "done"
     dead = db_rows(env["state"], "SELECT end_reason FROM workers WHERE boot_id = 'boot-1'")
     assert dead and all(d["end_reason"] == "new boot" for d in dead)
+
+
+def test_graceful_server_exit_is_not_a_pause_and_work_continues(env: dict[str, Any]) -> None:
+    server = env["make"]().start()
+    sid = new_session(server, env["root"])
+    server.client().send(sid, "slow: please run", client_request_id="r1")
+    wait_for(lambda: db_rows(env["state"], "SELECT 1 FROM effects WHERE state = 'dispatched'"), what="dispatch")
+    assert server.stop() == 0  # a plain exit: stop admission, hand attempts back, stop workers
+    [work] = db_rows(env["state"], "SELECT desired_state FROM work_items")
+    assert work["desired_state"] == "run"
+    assert db_rows(env["state"], "SELECT 1 FROM attempts WHERE state = 'running'") == []
+    server = env["make"]().start()
+    assert server.client().wait(sid, timeout=30)["work"]["phase"] == "done"
+    assert lines(env["out"]) == 1
+
+
+def test_messages_sent_during_a_turn_are_queued_or_steered(env: dict[str, Any]) -> None:
+    server = env["make"]().start()
+    cl = server.client()
+    sid = new_session(server, env["root"])
+    first = cl.send(sid, "slow: please run", client_request_id="r1")
+    wait_for(lambda: db_rows(env["state"], "SELECT 1 FROM effects WHERE state = 'dispatched'"), what="dispatch")
+    steered = cl.send(sid, "think about this too", client_request_id="r2", delivery="steer")
+    queued = cl.send(sid, "think again", client_request_id="r3", delivery="queue")
+    assert steered["work_id"] == first["work_id"]  # joins the running request
+    assert queued["work_id"] != first["work_id"]  # a new request, after the running one
+    server.kill()  # both are durable: a crash loses neither
+    server = env["make"]().start()
+    cl = server.client()
+    wait_for(lambda: all(w["phase"] == "done" for w in db_rows(env["state"], "SELECT phase FROM work_items")),
+             timeout=60, what="both requests done")
+    items = cl.session(sid)["transcript"]["items"]
+    users = [i["content"] for i in items if i["kind"] == "user"]
+    assert users == ["slow: please run", "think about this too", "think again"]
+    assert lines(env["out"]) == 1
+
+
+def test_ask_mode_approval_runs_the_tool_once_and_second_decision_conflicts(env: dict[str, Any]) -> None:
+    server = env["make"]().start()
+    cl = server.client()
+    sid = str(cl.create_session(title="ask", cwd=str(env["root"]))["session"]["session_id"])
+    cl.send(sid, "please append a line", client_request_id="r1")
+    snap = cl.wait(sid, phases=("waiting",), timeout=30)
+    assert snap["work"]["reason_code"] == "awaiting_approval"
+    [approval] = cl.approvals()
+    assert approval["tool"] == "shell" and approval["state"] == "pending"
+    server.kill()  # a pending approval survives a crash and is never approved automatically
+    server = env["make"]().start()
+    cl = server.client()
+    time.sleep(1.5)
+    assert lines(env["out"]) == 0
+    assert cl.session(sid)["work"]["reason_code"] == "awaiting_approval"
+    cl.decide(approval["approval_id"], "approve")
+    with pytest.raises(Exception) as conflict:
+        cl.decide(approval["approval_id"], "approve")
+    assert getattr(conflict.value, "status", None) == 409
+    assert cl.wait(sid, timeout=30)["work"]["phase"] == "done"
+    assert lines(env["out"]) == 1
+
+
+def test_openai_compatible_provider_retries_503_with_durable_backoff(env: dict[str, Any]) -> None:
+    from tests.openai_server import OpenAITestServer, openai_usage
+
+    with OpenAITestServer() as api:
+        api.plan_error(503)
+        api.plan_error(503)
+        api.plan(text_chunks=["Hello ", "from the ", "local model."], usage_chunks=[openai_usage(7, 3)])
+        server = env["make"](env={"OPENAI_BASE_URL": api.base_url}).start()
+        cl = server.client()
+        sid = str(cl.create_session(title="oa", cwd=str(env["root"]), model="openai:test-model")["session"]["session_id"])
+        cl.send(sid, "hi", client_request_id="r1")
+        snap = cl.wait(sid, timeout=60)
+        assert [i["content"] for i in snap["transcript"]["items"] if i["kind"] == "assistant"] == ["Hello from the local model."]
+        assert len(api.completion_requests) == 3
+        failed = db_rows(env["state"], "SELECT state, error FROM requests WHERE state = 'failed'")
+        assert len(failed) == 2 and all("503" in f["error"] for f in failed)
+        events = cl.events(0, 5000)["events"]
+        assert any(e["payload"].get("reason_code") == "provider_retrying" for e in events)

@@ -224,8 +224,10 @@ async def shell(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     )
     env = dict(os.environ, JG_COMMAND=str(args.get("command", "")), JG_DIR=str(d))
     env.pop("JUPYTER_GOALS_CRASH_AT", None)
-    proc = await asyncio.create_subprocess_exec(
-        "/bin/sh", "-c", wrapper, cwd=ctx.cwd, env=env, start_new_session=True,
+    # Popen, not asyncio's subprocess transport: closing that transport kills a still-running child,
+    # and this process must outlive a graceful worker exit to be reconnected. Spawning does not block.
+    proc = subprocess.Popen(  # noqa: ASYNC220
+        ["/bin/sh", "-c", wrapper], cwd=ctx.cwd, env=env, start_new_session=True,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     (d / "proc.json.tmp").write_text(json.dumps({"pid": proc.pid, "start_time": process_start_time(proc.pid), "boot_id": boot_id()}))
@@ -233,7 +235,8 @@ async def shell(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     from jupyter_goals.faults import crash_point
 
     crash_point("tool.after_dispatch")
-    await proc.wait()
+    while proc.poll() is None:  # noqa: ASYNC110 - a child's exit has no awaitable without a transport
+        await asyncio.sleep(0.02)
     text = shell_result_text(d)
     if text is None:
         return ToolResult(f"exit status: unknown (process ended with {proc.returncode} before writing its status)", ok=False)

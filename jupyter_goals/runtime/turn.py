@@ -76,6 +76,8 @@ class TurnRunner:
         self.registry = registry
         self.default_model = default_model
         self.retry_base_s = retry_base_s
+        # true while only waiting for a detached process: a graceful stop may cancel that wait at once
+        self.awaiting_process = False
 
     # ------------------------------------------------------------------ main loop
     async def run(self) -> None:
@@ -241,7 +243,9 @@ class TurnRunner:
             result = ToolResult(f"error: unknown tool {eff['tool']!r}", ok=False)
         else:
             try:
+                self.awaiting_process = eff["tool"] == "shell"
                 result = await spec.impl(ctx, eff["arguments"])
+                self.awaiting_process = False
             except Exception as exc:  # a tool's failure is its result, not the loop's
                 result = ToolResult(f"error: {type(exc).__name__}: {exc}", ok=False)
         if eff["tool"] != "shell":
@@ -251,7 +255,9 @@ class TurnRunner:
     async def _reattach(self, eff: Row) -> None:
         """A dispatched call from an earlier attempt: reconnect its live process, never start it again."""
         effect_dir = self.state_dir / "effects" / eff["effect_id"]
+        self.awaiting_process = eff["tool"] == "shell"
         text = await wait_shell(effect_dir) if eff["tool"] == "shell" else None
+        self.awaiting_process = False
         if text is None:
             await self._commit_result(eff, "", EffectState.UNKNOWN)
         else:
