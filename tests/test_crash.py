@@ -74,6 +74,15 @@ def wait_for(cond: Any, timeout: float = 30.0, what: str = "condition") -> None:
     raise TimeoutError(what)
 
 
+def spawned(state: Path) -> int:
+    """Shell processes started so far (their identity file is written right after the spawn)."""
+    return len(list((state / "effects").glob("*/proc.json"))) if (state / "effects").exists() else 0
+
+
+def wait_spawned(state: Path, n: int = 1) -> None:
+    wait_for(lambda: spawned(state) >= n, what=f"{n} shell process(es) to start")
+
+
 def new_session(server: ServerProcess, root: Path) -> str:
     snap = server.client().create_session(title="crash", cwd=str(root), permissions={"mode": "bypass"})
     return str(snap["session"]["session_id"])
@@ -173,7 +182,7 @@ def test_crash_during_recovery_converges(env: dict[str, Any], point: str) -> Non
     server = env["make"]().start()
     sid = new_session(server, env["root"])
     server.client().send(sid, "slow: please run", client_request_id="r1")
-    wait_for(lambda: db_rows(env["state"], "SELECT 1 FROM effects WHERE state = 'dispatched'"), what="dispatch")
+    wait_spawned(env["state"])
     server.kill()
     server = env["make"]().start(crash_at=point, wait=False)
     assert server.wait_exit(timeout=30) == 86  # another crash, during recovery
@@ -190,7 +199,7 @@ def test_worker_kill_is_recovered_by_supervisor_and_old_generation_is_fenced(env
     server = env["make"]().start()
     sid = new_session(server, env["root"])
     server.client().send(sid, "slow: please run", client_request_id="r1")
-    wait_for(lambda: db_rows(env["state"], "SELECT 1 FROM effects WHERE state = 'dispatched'"), what="dispatch")
+    wait_spawned(env["state"])
     old = db_rows(env["state"], "SELECT attempt_id, generation FROM attempts WHERE state = 'running'")[0]
     [worker] = server.workers()
     os.kill(worker["pid"], signal.SIGKILL)  # the worker alone; the server lives
@@ -212,7 +221,7 @@ def test_paused_and_stopped_chats_stay_so_across_restart(env: dict[str, Any]) ->
     paused, stopped = new_session(server, env["root"]), new_session(server, env["root"])
     cl.send(paused, "slow: please run", client_request_id="p")
     cl.send(stopped, "slow: please run", client_request_id="s")
-    wait_for(lambda: len(db_rows(env["state"], "SELECT 1 FROM effects WHERE state = 'dispatched'")) == 2, what="dispatch")
+    wait_spawned(env["state"], 2)
     cl.action(paused, "pause")
     cl.action(stopped, "stop")
     server.kill()
@@ -260,7 +269,7 @@ def test_stop_all_then_kill_leaves_everything_stopped(env: dict[str, Any]) -> No
     sids = [new_session(server, env["root"]) for _ in range(3)]
     for i, sid in enumerate(sids):
         cl.send(sid, "slow: please run", client_request_id=f"r{i}")
-    wait_for(lambda: db_rows(env["state"], "SELECT 1 FROM effects WHERE state = 'dispatched'"), what="dispatch")
+    wait_spawned(env["state"])
     stopped = cl.stop_all()["stopped"]
     assert len(stopped) == 3
     server.kill()
@@ -294,7 +303,7 @@ def test_graceful_server_exit_is_not_a_pause_and_work_continues(env: dict[str, A
     server = env["make"]().start()
     sid = new_session(server, env["root"])
     server.client().send(sid, "slow: please run", client_request_id="r1")
-    wait_for(lambda: db_rows(env["state"], "SELECT 1 FROM effects WHERE state = 'dispatched'"), what="dispatch")
+    wait_spawned(env["state"])
     assert server.stop() == 0  # a plain exit: stop admission, hand attempts back, stop workers
     [work] = db_rows(env["state"], "SELECT desired_state FROM work_items")
     assert work["desired_state"] == "run"
@@ -309,7 +318,7 @@ def test_messages_sent_during_a_turn_are_queued_or_steered(env: dict[str, Any]) 
     cl = server.client()
     sid = new_session(server, env["root"])
     first = cl.send(sid, "slow: please run", client_request_id="r1")
-    wait_for(lambda: db_rows(env["state"], "SELECT 1 FROM effects WHERE state = 'dispatched'"), what="dispatch")
+    wait_spawned(env["state"])
     steered = cl.send(sid, "think about this too", client_request_id="r2", delivery="steer")
     queued = cl.send(sid, "think again", client_request_id="r3", delivery="queue")
     assert steered["work_id"] == first["work_id"]  # joins the running request

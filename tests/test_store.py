@@ -1,0 +1,469 @@
+"""Storage contract (DESIGN §2-§4): one suite, run against SQLite and PostgreSQL alike.
+
+Every PostgreSQL test gets fresh schemas (``search_path`` in the URL) that are dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import hashlib
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jupyter_goals.store import control as c
+from jupyter_goals.store import schema
+from jupyter_goals.store import usage as u
+from jupyter_goals.store.db import Database, FencedError, MigrationFailed, Tx, VersionConflict
+from jupyter_goals.store.outbox import OutboxDispatcher
+from jupyter_goals.store.schema import migrate
+
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
+PERMS = {"mode": "ask", "allow": []}
+
+
+@functools.cache
+def postgres_unreachable() -> str | None:
+    try:
+        import psycopg
+
+        psycopg.connect(PG_ADMIN_URL, connect_timeout=3).close()
+    except Exception as exc:  # ImportError included: no driver, no PostgreSQL tests
+        return f"PostgreSQL at 127.0.0.1:5432 (database 'test') is unreachable: {exc}"
+    return None
+
+
+class Backend:
+    """Opens named databases ('control', 'usage', ...) of one kind; each name is its own database."""
+
+    def __init__(self, kind: str, tmp_path: Path) -> None:
+        self.kind = kind
+        self.tmp_path = tmp_path
+        self.token = uuid.uuid4().hex[:10]
+        self.schemas: list[str] = []
+        self.opened: list[Database] = []
+
+    def url(self, name: str) -> str:
+        if self.kind == "sqlite":
+            return f"sqlite:///{self.tmp_path / f'{name}.db'}"
+        schema_name = f"test_{self.token}_{name}"
+        if schema_name not in self.schemas:
+            self._admin(f'CREATE SCHEMA "{schema_name}"')
+            self.schemas.append(schema_name)
+        return f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema_name}"
+
+    def path(self, name: str) -> Path:
+        assert self.kind == "sqlite"
+        return self.tmp_path / f"{name}.db"
+
+    def open(self, name: str, *, migrated: str | None = None) -> Database:
+        db = Database(self.url(name))
+        self.opened.append(db)
+        if migrated:
+            migrate(db, migrated)
+        return db
+
+    def close_all(self) -> None:
+        for db in self.opened:
+            db.close()
+        self.opened.clear()
+
+    def cleanup(self) -> None:
+        self.close_all()
+        for schema_name in self.schemas:
+            self._admin(f'DROP SCHEMA IF EXISTS "{schema_name}" CASCADE')
+
+    @staticmethod
+    def _admin(sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(sql)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    if request.param == "postgresql" and (reason := postgres_unreachable()):
+        pytest.skip(reason)
+    b = Backend(request.param, tmp_path)
+    try:
+        yield b
+    finally:
+        b.cleanup()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def new_chat(tx: Tx, text: str = "hello", client_request_id: str = "req-1") -> tuple[dict[str, Any], dict[str, Any]]:
+    session = c.create_session(tx, "chat", "/tmp", "scripted:none.json", PERMS)
+    msg, created = c.accept_message(tx, session, text, client_request_id, "queue", auto_recover=True, host="host-a")
+    assert created
+    return session, c.get_work(tx, msg["work_id"])
+
+
+def versions(db: Database) -> list[int]:
+    return [r["version"] for r in db.transact(lambda tx: tx.all("SELECT version FROM schema_migrations ORDER BY version"))]
+
+
+def count(db: Database, sql: str, params: tuple[Any, ...] = ()) -> int:
+    return int(db.transact(lambda tx: tx.scalar(sql, params), write=False))
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def session_columns(db: Database) -> set[str]:
+    row = db.transact(lambda tx: tx.one("SELECT * FROM sessions LIMIT 1"), write=False)
+    assert row is not None
+    return set(row)
+
+
+def with_v2(sql: str) -> list[tuple[int, str, str]]:
+    return [*schema.CONTROL_MIGRATIONS, (2, "test v2", sql)]
+
+
+# --------------------------------------------------------------------------- migrations
+
+
+def test_migrate_is_idempotent_and_records_versions(backend: Backend) -> None:
+    for which in ("control", "usage"):
+        db = backend.open(which)
+        assert migrate(db, which) == 1
+        assert migrate(db, which) == 1
+        rows = db.transact(lambda tx: tx.all("SELECT version, name, applied_at FROM schema_migrations"))
+        assert [(r["version"], r["name"]) for r in rows] == [(1, schema.MIGRATIONS[which][0][1])]
+        assert rows[0]["applied_at"] > 0
+    control = backend.open("control", migrated="control")
+    assert count(control, "SELECT COUNT(*) FROM counters") == 3  # the v1 seed rows were not inserted twice
+
+
+def test_schema_newer_than_code_raises_migration_failed_and_leaves_the_database_unchanged(backend: Backend) -> None:
+    db = backend.open("control", migrated="control")
+    db.transact(lambda tx: new_chat(tx))
+    db.transact(lambda tx: tx.execute(
+        "INSERT INTO schema_migrations (version, name, applied_at) VALUES (99, 'from the future', 0)"))
+    before_rows = db.transact(lambda tx: tx.all("SELECT * FROM schema_migrations ORDER BY version"))
+    backend.close_all()
+    if backend.kind == "sqlite":
+        path = backend.path("control")
+        before = sha256(path)
+        files_before = sorted(os.listdir(path.parent))
+
+    again = backend.open("control")
+    with pytest.raises(MigrationFailed, match="newer"):
+        migrate(again, "control")
+    backend.close_all()
+
+    if backend.kind == "sqlite":
+        assert sha256(path) == before
+        assert sorted(os.listdir(path.parent)) == files_before  # no backup, no stray files
+    reopened = backend.open("control")
+    assert reopened.transact(lambda tx: tx.all("SELECT * FROM schema_migrations ORDER BY version")) == before_rows
+    assert count(reopened, "SELECT COUNT(*) FROM work_items") == 1
+
+
+def test_broken_migration_raises_migration_failed_and_keeps_v1_data(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = backend.open("control", migrated="control")
+    session, work = db.transact(lambda tx: new_chat(tx, "keep me"))
+    backend.close_all()
+    # the first statement works, the second fails: the whole migration must roll back
+    monkeypatch.setitem(schema.MIGRATIONS, "control", with_v2(
+        "ALTER TABLE sessions ADD COLUMN half_applied TEXT;\nINSERT INTO no_such_table (x) VALUES (1)"))
+
+    db = backend.open("control")
+    with pytest.raises(MigrationFailed):
+        migrate(db, "control")
+
+    assert versions(db) == [1]
+    assert "half_applied" not in session_columns(db)
+    kept = db.transact(lambda tx: c.get_work(tx, work["work_id"]), write=False)
+    assert kept["input"] == c.dumps({"text": "keep me"})
+    assert db.transact(lambda tx: c.get_session(tx, session["session_id"]), write=False)["title"] == "chat"
+
+
+def test_sqlite_migration_writes_a_backup_beside_the_database_before_migrating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "control.db"
+    db = Database(f"sqlite:///{path}")
+    migrate(db, "control")
+    session, _ = db.transact(lambda tx: new_chat(tx))
+    db.close()
+    monkeypatch.setitem(schema.MIGRATIONS, "control", with_v2("ALTER TABLE sessions ADD COLUMN v2_column TEXT"))
+
+    db = Database(f"sqlite:///{path}")
+    try:
+        assert migrate(db, "control") == 2
+        assert "v2_column" in session_columns(db)
+    finally:
+        db.close()
+
+    backups = glob.glob(f"{path}.v1.*.bak")
+    assert len(backups) == 1, os.listdir(tmp_path)
+    # the backup is the v1 database as it was before the migration ran
+    conn = sqlite3.connect(backups[0])
+    try:
+        assert [r[0] for r in conn.execute("SELECT version FROM schema_migrations")] == [1]
+        cols = [r[1] for r in conn.execute("PRAGMA table_info(sessions)")]
+        assert "v2_column" not in cols
+        assert conn.execute("SELECT title FROM sessions WHERE session_id = ?", (session["session_id"],)).fetchone() == (
+            "chat",
+        )
+    finally:
+        conn.close()
+
+
+def test_sqlite_fresh_database_needs_no_backup(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'control.db'}")
+    try:
+        migrate(db, "control")
+    finally:
+        db.close()
+    assert not glob.glob(str(tmp_path / "*.bak"))
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_sqlite_connections_use_wal_full_sync_and_a_busy_timeout(tmp_path: Path, inline: bool) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'control.db'}", inline=inline, busy_timeout_ms=4321)
+    try:
+        pragmas = db.transact(
+            lambda tx: {
+                name: tx.scalar(f"PRAGMA {name}") for name in ("journal_mode", "synchronous", "busy_timeout")
+            },
+            write=False,
+        )
+    finally:
+        db.close()
+    assert str(pragmas["journal_mode"]).lower() == "wal"
+    assert int(pragmas["synchronous"]) == 2  # FULL
+    assert int(pragmas["busy_timeout"]) == 4321
+
+
+# --------------------------------------------------------------------------- events
+
+
+def test_event_seq_is_strictly_increasing_and_committed_with_its_change(backend: Backend) -> None:
+    db = backend.open("control", migrated="control")
+    seqs = [db.transact(lambda tx, i=i: c.emit(tx, "test.ping", {"i": i})) for i in range(5)]
+    assert all(b > a for a, b in zip(seqs, seqs[1:], strict=False))
+
+    def change_then_fail(tx: Tx) -> None:
+        c.create_session(tx, "lost", "/tmp", "scripted:none.json", PERMS)  # emits session.created
+        c.emit(tx, "test.lost", {})
+        raise RuntimeError("crash after emit")
+
+    with pytest.raises(RuntimeError):
+        db.transact(change_then_fail)
+
+    events = db.transact(lambda tx: c.events_after(tx, 0, 100), write=False)
+    assert [e["seq"] for e in events] == seqs
+    assert not [e for e in events if e["kind"] in ("test.lost", "session.created")]
+    assert count(db, "SELECT COUNT(*) FROM sessions") == 0
+    assert db.transact(c.last_event_seq, write=False) == seqs[-1]
+    # the rolled-back seq is not burnt: the next event follows the last committed one
+    assert db.transact(lambda tx: c.emit(tx, "test.ping", {})) == seqs[-1] + 1
+
+
+def test_concurrent_writers_get_unique_gapless_event_seqs(backend: Backend) -> None:
+    backend.open("control", migrated="control")
+    writers = [backend.open("control") for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def write(db: Database) -> None:
+        try:
+            for _ in range(20):
+                db.transact(lambda tx: c.emit(tx, "test.concurrent", {}))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(db,)) for db in writers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    seqs = [e["seq"] for e in writers[0].transact(lambda tx: c.events_after(tx, 0, 1000), write=False)]
+    assert seqs == list(range(1, 81))
+
+
+# --------------------------------------------------------------------------- fencing
+
+
+def test_write_fenced_with_a_dead_generation_raises_and_changes_nothing(backend: Backend) -> None:
+    db = backend.open("control", migrated="control")
+
+    def start_attempt(tx: Tx) -> tuple[dict[str, Any], int, dict[str, Any]]:
+        session, work = new_chat(tx)
+        generation = c.register_worker(tx, "wkr_one", "host-a", "boot-1", 4242, None, 10.0)
+        c.admit(tx, work, mode="fresh", turn_id=None)
+        attempt = c.claim_attempt(tx, "wkr_one", generation)
+        assert attempt is not None
+        return session, generation, attempt
+
+    session, generation, attempt = db.transact(start_attempt)
+    assert generation == 1
+
+    def fenced_write(tx: Tx, text: str) -> None:
+        c.fence(tx, attempt["attempt_id"], 1)
+        c.append_item(tx, session["session_id"], c.ItemKind.ASSISTANT, "assistant", text,
+                      work_id=attempt["work_id"], turn_id=attempt["turn_id"])
+
+    db.transact(lambda tx: fenced_write(tx, "written while the owner lives"))
+    dead = db.transact(lambda tx: c.mark_worker_dead(
+        tx, tx.one("SELECT * FROM workers WHERE worker_id = 'wkr_one'"), "process gone"))
+    assert [a["attempt_id"] for a in dead] == [attempt["attempt_id"]]
+    # a newer worker registers; generation 1 stays fenced
+    assert db.transact(lambda tx: c.register_worker(tx, "wkr_two", "host-a", "boot-1", 4343, None, 10.0)) == 2
+
+    def state(tx: Tx) -> dict[str, Any]:
+        return {
+            "transcript": [i.model_dump() for i in c.transcript(tx, session["session_id"])],
+            "attempt": tx.one("SELECT * FROM attempts WHERE attempt_id = ?", (attempt["attempt_id"],)),
+            "work": c.get_work(tx, attempt["work_id"]),
+            "event_seq": c.last_event_seq(tx),
+        }
+
+    before = db.transact(state, write=False)
+    assert before["attempt"]["state"] == "dead"
+    with pytest.raises(FencedError):
+        db.transact(lambda tx: fenced_write(tx, "written by a zombie"))
+    assert db.transact(state, write=False) == before
+    assert "written by a zombie" not in [i["content"] for i in before["transcript"]]
+
+
+# --------------------------------------------------------------------------- admission and input
+
+
+def test_continuation_key_is_sha256_of_work_control_version_and_commit_point() -> None:
+    assert c.continuation_key("wrk_1", 3, 7) == hashlib.sha256(b"wrk_1|3|7").hexdigest()
+    assert c.continuation_key("wrk_1", 4, 7) != c.continuation_key("wrk_1", 3, 7)
+
+
+def test_the_same_continuation_cannot_be_admitted_twice(backend: Backend) -> None:
+    db = backend.open("control", migrated="control")
+
+    def first(tx: Tx) -> dict[str, Any]:
+        _, work = new_chat(tx)
+        return c.admit(tx, work, mode="fresh", turn_id=None)
+
+    attempt = db.transact(first)
+    with pytest.raises(VersionConflict):
+        db.transact(lambda tx: c.admit(tx, c.get_work(tx, attempt["work_id"]), mode="fresh",
+                                       turn_id=attempt["turn_id"]))
+    assert count(db, "SELECT COUNT(*) FROM attempts") == 1
+
+    # the database itself refuses a duplicate key, whatever code path tries it
+    def raw_duplicate(tx: Tx) -> None:
+        tx.execute(
+            "INSERT INTO attempts (attempt_id, turn_id, work_id, session_id, state, mode, control_version,"
+            " continuation_key, admitted_at) VALUES ('att_dup', ?, ?, ?, 'admitted', 'fresh', 1, ?, 0)",
+            (attempt["turn_id"], attempt["work_id"], attempt["session_id"], attempt["continuation_key"]),
+        )
+
+    with pytest.raises(Exception) as info:
+        db.transact(raw_duplicate)
+    assert db.is_integrity_error(info.value)
+    assert count(db, "SELECT COUNT(*) FROM attempts") == 1
+
+
+def test_repeated_client_request_id_returns_the_first_message_and_no_second_work_item(backend: Backend) -> None:
+    db = backend.open("control", migrated="control")
+
+    def post_twice(tx: Tx) -> tuple[Any, ...]:
+        session = c.create_session(tx, "chat", "/tmp", "scripted:none.json", PERMS)
+        first, created1 = c.accept_message(tx, session, "hi", "req-7", "queue", auto_recover=True, host="h")
+        return session, first, created1
+
+    session, first, created1 = db.transact(post_twice)
+    seq_after_first = db.transact(c.last_event_seq, write=False)
+    second, created2 = db.transact(lambda tx: c.accept_message(
+        tx, c.get_session(tx, session["session_id"]), "hi again", "req-7", "queue", auto_recover=True, host="h"))
+
+    assert (created1, created2) == (True, False)
+    assert (second["message_id"], second["work_id"]) == (first["message_id"], first["work_id"])
+    assert second["text"] == "hi"
+    assert count(db, "SELECT COUNT(*) FROM work_items") == 1
+    assert count(db, "SELECT COUNT(*) FROM messages") == 1
+    assert db.transact(c.last_event_seq, write=False) == seq_after_first  # the repeat wrote nothing
+
+
+@pytest.mark.parametrize("control", ["pause", "stop"])
+def test_attempt_admitted_before_a_pause_or_stop_never_shows_the_work_as_working(backend: Backend, control: str) -> None:
+    db = backend.open("control", migrated="control")
+
+    def admit_then_control(tx: Tx) -> dict[str, Any]:
+        _, work = new_chat(tx)
+        c.admit(tx, work, mode="fresh", turn_id=None)
+        c.apply_control(tx, c.get_work(tx, work["work_id"]), control, None)
+        if control == "stop":
+            c.finish_cancelled(tx, c.get_work(tx, work["work_id"]))  # the Coordinator's decision
+        return c.get_work(tx, work["work_id"])
+
+    work = db.transact(admit_then_control)
+    before = (work["phase"], work["reason_code"])
+    assert before == (("paused", "user_paused") if control == "pause" else ("cancelled", "user_stopped"))
+
+    def claim(tx: Tx) -> dict[str, Any] | None:
+        generation = c.register_worker(tx, "wkr_late", "host-a", "boot-1", 4242, None, 10.0)
+        return c.claim_attempt(tx, "wkr_late", generation)
+
+    assert db.transact(claim) is not None  # claimed only so the worker can end it at its first fenced read
+    after = db.transact(lambda tx: c.get_work(tx, work["work_id"]), write=False)
+    assert (after["phase"], after["reason_code"]) == before
+
+
+# --------------------------------------------------------------------------- outbox
+
+
+async def test_receipt_whose_acknowledgement_was_lost_is_retried_and_counted_once(backend: Backend) -> None:
+    control = backend.open("control", migrated="control")
+    usage = backend.open("usage", migrated="usage")
+    receipt = {"request_id": "req_1", "session_id": "ses_1", "work_id": "wrk_1",
+               "usage": {"input_tokens": 10, "output_tokens": 5}}
+    control.transact(lambda tx: c.enqueue_outbox(tx, "receipt:req_1", "usage.receipt", receipt))
+
+    dispatcher = OutboxDispatcher(control, usage)
+    acks: list[str] = []
+
+    def lose_first_ack(key: str) -> None:
+        acks.append(key)
+        if len(acks) == 1:
+            raise ConnectionError("acknowledgement lost after the usage commit")
+
+    dispatcher.after_usage_commit = lose_first_ack
+    t0 = time.time()
+    assert await dispatcher.dispatch_due() == 0
+
+    def outbox_row() -> dict[str, Any]:
+        row = control.transact(lambda tx: tx.one("SELECT * FROM outbox WHERE op_key = 'receipt:req_1'"), write=False)
+        assert row is not None
+        return row
+
+    row = outbox_row()
+    assert (row["state"], row["attempts"]) == ("pending", 1)
+    assert row["next_attempt_at"] > t0  # a durable backoff, not an immediate hot loop
+    assert "acknowledgement lost" in row["last_error"]
+    assert usage.transact(lambda tx: u.count_receipts(tx, "req_1"), write=False) == 1  # it was applied
+
+    control.transact(lambda tx: tx.execute("UPDATE outbox SET next_attempt_at = 0 WHERE op_key = 'receipt:req_1'"))
+    assert await dispatcher.dispatch_due() == 1
+    assert await dispatcher.dispatch_due() == 0
+
+    assert acks == ["receipt:req_1", "receipt:req_1"]
+    assert usage.transact(lambda tx: u.count_receipts(tx, "req_1"), write=False) == 1
+    totals = usage.transact(lambda tx: u.summary(tx, session_id="ses_1"), write=False)
+    assert totals["known_tokens"] == {"input": 10, "output": 5, "cached": 0}
+    assert outbox_row()["state"] == "done"
+    assert control.transact(c.pending_outbox_count, write=False) == 0
