@@ -7,6 +7,7 @@ the system Chromium, no browser download) and the built labextension (`pip insta
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,15 @@ from typing import TYPE_CHECKING
 import pytest
 
 from .browser import LabPage, chromium_missing_reason, launch_chromium, run_jupyter_lab
+
+
+@pytest.fixture
+def jp_asyncio_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """pytest-jupyter's autouse loop fixture installs a loop and closes it afterwards; Playwright's sync
+    API would run on that installed loop. Give pytest-jupyter a private loop and leave Playwright its own."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Route

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,15 @@ from jupyter_server.utils import url_path_join
 
 from jupyter_goals.store.db import Database
 from jupyter_goals.store.schema import migrate
+
+
+@pytest.fixture
+async def jp_asyncio_loop() -> AsyncIterator[asyncio.AbstractEventLoop]:
+    """Run pytest-jupyter's server on pytest-asyncio's loop (asyncio_mode=auto runs these tests there).
+
+    Overridden here, not in conftest.py: pytest-jupyter's fixture is autouse, and the synchronous
+    browser and process-level tests must keep its plain loop."""
+    yield asyncio.get_running_loop()
 
 Json = dict[str, Any]
 
