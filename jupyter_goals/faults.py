@@ -43,12 +43,17 @@ def configure(state_dir: str | os.PathLike[str]) -> None:
     _state_dir = Path(state_dir)
 
 
+_cached: tuple[str, tuple[str, int] | None] | None = None
+
+
 def _target() -> tuple[str, int] | None:
+    # parsed once per value of the variable: crash_point() sits on the per-step hot path
+    global _cached
     spec = os.environ.get("JUPYTER_GOALS_CRASH_AT", "")
-    if not spec:
-        return None
-    point, _, nth = spec.partition("#")
-    return point, int(nth) if nth else 1
+    if _cached is None or _cached[0] != spec:
+        point, _, nth = spec.partition("#")
+        _cached = (spec, (point, int(nth) if nth else 1) if spec else None)
+    return _cached[1]
 
 
 def crash_point(point: str) -> None:

@@ -212,7 +212,14 @@ class Coordinator:
         return mode
 
     # ------------------------------------------------------------------ 3+4. decide and admit
-    def _facts(self, tx: Tx, work: Row, session: Row, now: float) -> RecoveryFacts:
+    def _facts(
+        self, tx: Tx, work: Row, session: Row, now: float, models: dict[str, ReasonCode | None]
+    ) -> RecoveryFacts:
+        """Load one work item's facts. ``models`` caches model checks for one pass (a scripted model
+        check parses its file; the admission loop runs every 100 ms)."""
+        model = session["model"] or self.default_model
+        if model not in models:
+            models[model] = check_model(model)
         live = tx.all(
             "SELECT a.*, w.host_name AS w_host, w.lease_expires_at AS w_lease FROM attempts a"
             " LEFT JOIN workers w ON a.worker_id = w.worker_id WHERE a.work_id = ? AND a.state IN ('admitted', 'running')",
@@ -243,7 +250,7 @@ class Coordinator:
             auto_recover=bool(work["auto_recover"]),
             pending_approval=pending,
             cwd_exists=os.path.isdir(session["cwd"]),
-            model_problem=check_model(session["model"] or self.default_model),
+            model_problem=models[model],
             changed_tools=tuple(changed),
             recovery_attempts=int(work["recovery_attempts"]),
             max_recovery_attempts=self.max_recovery_attempts,
@@ -259,6 +266,7 @@ class Coordinator:
             "SELECT * FROM work_items WHERE phase NOT IN ('done', 'cancelled') ORDER BY created_at"
         )
         sessions: dict[str, Row] = {}
+        models: dict[str, ReasonCode | None] = {}
         runnable: dict[str, tuple[Row, str, bool]] = {}  # session_id -> its first runnable work item
         busy: set[str] = set()
         for work in rows:
@@ -275,7 +283,7 @@ class Coordinator:
             ):
                 busy.add(sid)  # its recovery is not decided yet: recover() handles it first
                 continue
-            facts = self._facts(tx, work, session, now)
+            facts = self._facts(tx, work, session, now, models)
             d = decide(facts)
             report.decisions[work["work_id"]] = f"{d.action}:{d.reason_code}"
             if d.action == Action.KEEP:
@@ -328,9 +336,10 @@ class Coordinator:
         def run(tx: Tx) -> list[dict[str, Any]]:
             out = []
             now = time.time()
+            models: dict[str, ReasonCode | None] = {}
             for work in tx.all("SELECT * FROM work_items WHERE phase NOT IN ('done', 'cancelled') ORDER BY created_at"):
                 session = c.get_session(tx, work["session_id"])
-                facts = self._facts(tx, work, session, now)
+                facts = self._facts(tx, work, session, now, models)
                 d = decide(facts)
                 out.append({
                     "work_id": work["work_id"], "session_id": work["session_id"], "phase": work["phase"],
