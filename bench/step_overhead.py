@@ -160,9 +160,10 @@ class GoalsBench:
             for _ in range(count):
                 self.counter += 1
                 call_id = f"req_bench:{self.counter}"
-                c.append_item(tx, a["session_id"], "tool_call", "assistant", "", item_id=f"call:{call_id}",
-                              work_id=a["work_id"], turn_id=a["turn_id"], call_id=call_id, tool="noop", arguments={})
-                seq = c.next_counter(tx, "transcript_seq")
+                seq = c.append_item(tx, a["session_id"], "tool_call", "assistant", "", item_id=f"call:{call_id}",
+                                    work_id=a["work_id"], turn_id=a["turn_id"], call_id=call_id, tool="noop",
+                                    arguments={})
+                assert seq is not None  # a new call id
                 eid = c.new_id("eff")
                 tx.execute(
                     "INSERT INTO effects (effect_id, call_id, work_id, turn_id, session_id, tool, arguments, capability,"

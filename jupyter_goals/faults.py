@@ -43,17 +43,26 @@ def configure(state_dir: str | os.PathLike[str]) -> None:
     _state_dir = Path(state_dir)
 
 
-_cached: tuple[str, tuple[str, int] | None] | None = None
+_UNSET = ("unset", 0)
+_cached: tuple[str, int] | None = _UNSET
 
 
 def _target() -> tuple[str, int] | None:
-    # parsed once per value of the variable: crash_point() sits on the per-step hot path
+    # read once per process (the variable is set when a process starts): crash_point() sits on the
+    # per-step hot path; reset() re-reads it
     global _cached
-    spec = os.environ.get("JUPYTER_GOALS_CRASH_AT", "")
-    if _cached is None or _cached[0] != spec:
+    if _cached is _UNSET:
+        spec = os.environ.get("JUPYTER_GOALS_CRASH_AT", "")
         point, _, nth = spec.partition("#")
-        _cached = (spec, (point, int(nth) if nth else 1) if spec else None)
-    return _cached[1]
+        _cached = (point, int(nth) if nth else 1) if spec else None
+    return _cached
+
+
+def reset() -> None:
+    """Forget the parsed variable and the hit counts (for a process that changes its environment)."""
+    global _cached
+    _cached = _UNSET
+    _hits.clear()
 
 
 def crash_point(point: str) -> None:

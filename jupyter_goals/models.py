@@ -74,11 +74,18 @@ class ReasonCode(StrEnum):
     PROVIDER_RETRYING = "provider_retrying"
     PROVIDER_FAILED = "provider_failed"
     RECOVERY_ATTEMPTS_EXCEEDED = "recovery_attempts_exceeded"
+    RECOVERY_BACKOFF = "recovery_backoff"
     RECOVERED = "recovered"
     STORAGE_UNAVAILABLE = "storage_unavailable"
     MIGRATION_FAILED = "migration_failed"
+    STARTING = "starting"
     WAITING_FOR_TURN = "waiting_for_turn"
     TOOL_PROCESS_RUNNING = "tool_process_running"
+    RECOVERY_STATE_UNREADABLE = "recovery_state_unreadable"
+    GOAL_BLOCKED = "goal_blocked"
+    GOAL_VERIFYING = "goal_verifying"
+    GOAL_ACHIEVED = "goal_achieved"
+    GOAL_REVISED = "goal_revised"
 
 
 REASON_TEXT: dict[ReasonCode, str] = {
@@ -105,11 +112,20 @@ REASON_TEXT: dict[ReasonCode, str] = {
     ReasonCode.PROVIDER_RETRYING: "The model provider had a temporary fault; retrying after a backoff.",
     ReasonCode.PROVIDER_FAILED: "The model provider failed.",
     ReasonCode.RECOVERY_ATTEMPTS_EXCEEDED: "This work crashed its executor too many times; Retry, Pause or End it.",
+    ReasonCode.RECOVERY_BACKOFF: "The executor died while this work ran; the next attempt waits a growing backoff.",
     ReasonCode.RECOVERED: "Recovered after an interruption; continuing.",
     ReasonCode.STORAGE_UNAVAILABLE: "State temporarily unavailable: the database cannot be read.",
     ReasonCode.MIGRATION_FAILED: "The database schema could not be migrated; old records are kept untouched.",
+    ReasonCode.STARTING: "jupyter_goals is starting (checking its databases and recovering work); try again in a moment.",
     ReasonCode.WAITING_FOR_TURN: "Waiting for the session's current request to finish.",
     ReasonCode.TOOL_PROCESS_RUNNING: "Waiting for a running tool process.",
+    ReasonCode.GOAL_BLOCKED: "The Goal made no progress: the same blocker came back turn after turn; Resume, Edit or End it.",
+    ReasonCode.GOAL_VERIFYING: "Checking the Goal's requirements against the evidence.",
+    ReasonCode.GOAL_ACHIEVED: "Every requirement of the Goal was met when it was verified.",
+    ReasonCode.GOAL_REVISED: "The Goal was edited; earlier acceptance and continuations no longer apply.",
+    ReasonCode.RECOVERY_STATE_UNREADABLE: (
+        "The record of earlier unknown outcomes could not be read, so the tool call was rejected; Retry, Pause or End it."
+    ),
 }
 
 
@@ -168,6 +184,10 @@ class ItemKind(StrEnum):
     INTERRUPTION = "interruption"
     RECONCILIATION = "reconciliation"
     NOTICE = "notice"
+    # internal Goal records, identified by kind (never by parsing text): a continuation prompt the
+    # model reads as a user-role message but the chat does not show, and a terminal Goal record
+    GOAL_PROMPT = "goal_prompt"
+    GOAL_RECORD = "goal_record"
 
 
 class TranscriptItem(BaseModel):
@@ -247,9 +267,28 @@ class ProviderResponse(BaseModel):
 # --------------------------------------------------------------------------- REST bodies
 
 
+class PathRule(Strict):
+    """Allow ``tool`` without approval when its ``path`` argument resolves inside ``path`` (a glob
+    relative to the session's cwd, e.g. ``notes/*.md``)."""
+
+    tool: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+
+
 class Permissions(Strict):
+    """``ask`` (default): trusted read-only tools run, others need approval unless an ``allow`` rule
+    (a tool name, or a :class:`PathRule`) matches; ``bypass``: no approvals. Neither waives the
+    one-time approval that follows unknown effects."""
+
     mode: Literal["ask", "bypass"] = "ask"
-    allow: list[str] = Field(default_factory=list)
+    allow: list[str | PathRule] = Field(default_factory=list)
+
+
+class UpdateSession(Strict):
+    """``PATCH /sessions/{id}``: change the permission scope of the session and its unfinished work."""
+
+    permissions: Permissions
+    expected_control_version: int | None = None
 
 
 class CreateSession(Strict):
@@ -295,3 +334,72 @@ class Actions(BaseModel):
     can_retry: bool = False
     can_verify: bool = False
     reason_code: str = ""
+
+
+# --------------------------------------------------------------------------- goals
+
+
+class GoalState(StrEnum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    BLOCKED = "blocked"
+    ACHIEVED = "achieved"
+    CANCELLED = "cancelled"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+
+
+LEGACY_GOAL_STATES = {"paused_recoverable": GoalState.PAUSED}  # read for compatibility, never written
+TERMINAL_GOAL_STATES = frozenset({GoalState.ACHIEVED, GoalState.CANCELLED})
+
+
+class GoalPhase(StrEnum):
+    WORKING = "working"
+    WAITING = "waiting"
+    VERIFYING = "verifying"
+
+
+class Verdict(StrEnum):
+    MET = "met"
+    UNMET = "unmet"
+    UNKNOWN = "unknown"
+
+
+class Requirement(Strict):
+    """A verifiable condition of a Goal. ``command``: a shell run exiting 0 after the last write to
+    ``path`` (when given); ``file_exists``: ``path`` exists; ``file_digest``: ``path`` has ``sha256``;
+    ``semantic``: judged by the independent acceptance review."""
+
+    id: str | None = Field(default=None, min_length=1, max_length=100)
+    text: str = Field(min_length=1)
+    kind: Literal["semantic", "command", "file_exists", "file_digest"] = "semantic"
+    command: str | None = None
+    path: str | None = None
+    sha256: str | None = None
+
+
+class Budget(Strict):
+    """Unlimited unless set. Enforcement belongs to the usage ledger (issue 5); stored here."""
+
+    max_cost_usd: float | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_active_seconds: float | None = Field(default=None, ge=0)
+
+
+class CreateGoal(Strict):
+    session_id: str = Field(min_length=1)
+    objective: str = Field(min_length=1)
+    requirements: list[Requirement] | None = None
+    budget: Budget | None = None
+
+
+class UpdateGoal(Strict):
+    expected_revision: int
+    objective: str | None = Field(default=None, min_length=1)
+    requirements: list[Requirement] | None = None
+    budget: Budget | None = None
+    reason: str | None = Field(default=None, min_length=1)
+
+
+class GoalAction(Strict):
+    action: Literal["pause", "resume", "verify", "end"]
+    expected_revision: int

@@ -1,1 +1,19 @@
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.storekit import Backend, postgres_unreachable
+
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    if request.param == "postgresql" and (reason := postgres_unreachable()):
+        pytest.skip(reason)
+    b = Backend(request.param, tmp_path)
+    try:
+        yield b
+    finally:
+        b.cleanup()

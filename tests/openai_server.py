@@ -95,6 +95,7 @@ class RecordedRequest:
     headers: dict[str, str]  # lower-case keys
     body: Any  # parsed JSON (None if the body was not JSON)
     raw_body: bytes
+    received_at: float = field(default_factory=time.time)  # wall clock, comparable with durable retry times
 
 
 def _tool_call_dicts(plan: Plan, n: int) -> list[tuple[int, ToolCallPlan, str, str]]:

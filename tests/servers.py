@@ -11,10 +11,13 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +73,7 @@ class ServerProcess:
             sys.executable, "-m", "jupyter_server", "--no-browser", "--allow-root",
             f"--port={self.port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
             f"--ServerApp.root_dir={self.root_dir}", "--ServerApp.jpserver_extensions={'jupyter_goals': True}",
-            f"--GoalsApp.default_model={self.model}", "--GoalsApp.heartbeat_s=0.5", "--GoalsApp.lease_ttl_s=3",
-            "--GoalsApp.reconcile_interval_s=1", "--GoalsApp.recovery_backoff_s=0.2",
-            "--GoalsApp.provider_retry_base_s=0.2", *self.extra,
+            *self._goals_args(),
         ]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in kill()/stop()
         self.proc = subprocess.Popen(cmd, env=environ, cwd=self.root_dir, stdout=self._log, stderr=subprocess.STDOUT,
@@ -80,6 +81,15 @@ class ServerProcess:
         if wait:
             self.wait_ready()
         return self
+
+    def _goals_args(self) -> list[str]:
+        """Fast test defaults, each overridden by ``extra`` (traitlets refuses a trait given twice on the
+        command line: the extension then fails to link its config and silently runs on defaults)."""
+        defaults = [f"--GoalsApp.default_model={self.model}", "--GoalsApp.heartbeat_s=0.5", "--GoalsApp.lease_ttl_s=3",
+                    "--GoalsApp.reconcile_interval_s=1", "--GoalsApp.recovery_backoff_s=0.2",
+                    "--GoalsApp.provider_retry_base_s=0.2"]
+        given = {arg.split("=", 1)[0] for arg in self.extra}
+        return [arg for arg in defaults if arg.split("=", 1)[0] not in given] + self.extra
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -135,3 +145,38 @@ class ServerProcess:
 
     def workers(self) -> list[dict[str, Any]]:
         return list(self.client().health()["workers"])
+
+
+def db_rows(state: Path, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    """Rows of ``control.db`` in a server's state dir, read the way an operator would."""
+    conn = sqlite3.connect(state / "control.db")
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, params)]
+    finally:
+        conn.close()
+
+
+@contextmanager
+def server_env(
+    tmp_path: Path, rules: list[dict[str, Any]], base_env: dict[str, str] | None = None
+) -> Iterator[dict[str, Any]]:
+    """A notebook root, a scripted model and a ``make`` that starts servers on one state dir; every
+    server started is killed at the end."""
+    root = tmp_path / "root"
+    root.mkdir()
+    script = tmp_path / "script.json"
+    model = write_script(script, rules)
+    servers: list[ServerProcess] = []
+
+    def make(extra: list[str] | None = None, env: dict[str, str] | None = None, model_: str | None = None) -> ServerProcess:
+        merged = {**(base_env or {}), **(env or {})}
+        s = ServerProcess(tmp_path / "state", root, model=model_ or model, extra=extra, env=merged or None)
+        servers.append(s)
+        return s
+
+    try:
+        yield {"root": root, "state": tmp_path / "state", "make": make, "script": script, "out": root / "out.txt"}
+    finally:
+        for s in servers:
+            s.kill()

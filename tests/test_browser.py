@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 _missing = chromium_missing_reason()
+if _missing and os.environ.get("CI"):
+    # CI installs Chromium (.ci/install-chromium.sh): a missing browser there is a failure, not a skip
+    raise RuntimeError(_missing)
 if _missing:
     pytest.skip(_missing, allow_module_level=True)
 

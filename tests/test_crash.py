@@ -19,7 +19,7 @@ import pytest
 
 from jupyter_goals.store import control as c
 from jupyter_goals.store.db import Database, FencedError
-from tests.servers import ServerProcess, write_script
+from tests.servers import ServerProcess, db_rows, server_env
 
 pytestmark = pytest.mark.slow
 
@@ -42,19 +42,8 @@ APPEND_RULES: list[dict[str, Any]] = [
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    root = tmp_path / "root"
-    root.mkdir()
-    model = write_script(tmp_path / "script.json", APPEND_RULES)
-    servers: list[ServerProcess] = []
-
-    def make(extra: list[str] | None = None, env: dict[str, str] | None = None) -> ServerProcess:
-        s = ServerProcess(tmp_path / "state", root, model=model, extra=extra, env=env)
-        servers.append(s)
-        return s
-
-    yield {"root": root, "state": tmp_path / "state", "make": make, "out": root / "out.txt"}
-    for s in servers:
-        s.kill()
+    with server_env(tmp_path, APPEND_RULES) as e:
+        yield e
 
 
 def lines(path: Path) -> int:
@@ -94,15 +83,6 @@ def send_raw(server: ServerProcess, sid: str, text: str, crid: str) -> httpx.Res
                           headers={"Authorization": f"token {server.token}"}, timeout=10)
     except httpx.HTTPError:
         return None  # the server died before answering: the request was never acknowledged
-
-
-def db_rows(state: Path, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    conn = sqlite3.connect(state / "control.db")
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql, params)]
-    finally:
-        conn.close()
 
 
 WORKER_POINTS = [
@@ -358,20 +338,120 @@ def test_ask_mode_approval_runs_the_tool_once_and_second_decision_conflicts(env:
 
 
 def test_openai_compatible_provider_retries_503_with_durable_backoff(env: dict[str, Any]) -> None:
+    """503 three times, then 200: the work continues after a durable, growing backoff. Each wait is
+    visible (``waiting`` / ``provider_retrying`` with the retry time and Retry / Pause / End) and no
+    model request is made before its retry time."""
     from tests.openai_server import OpenAITestServer, openai_usage
 
     with OpenAITestServer() as api:
-        api.plan_error(503)
-        api.plan_error(503)
+        for _ in range(3):
+            api.plan_error(503)
         api.plan(text_chunks=["Hello ", "from the ", "local model."], usage_chunks=[openai_usage(7, 3)])
+        server = env["make"](["--GoalsApp.provider_retry_base_s=0.5"], env={"OPENAI_BASE_URL": api.base_url}).start()
+        cl = server.client()
+        sid = str(cl.create_session(title="oa", cwd=str(env["root"]), model="openai:test-model")["session"]["session_id"])
+        cl.send(sid, "hi", client_request_id="r1")
+        waits: dict[float, tuple[int, dict[str, Any], dict[str, Any]]] = {}  # retry_at -> (requests made, work, actions)
+        deadline = time.monotonic() + 60
+        while (snap := cl.session(sid))["work"]["phase"] != "done":
+            assert time.monotonic() < deadline, snap["work"]
+            work = snap["work"]
+            if work["phase"] == "waiting" and work["reason_code"] == "provider_retrying":
+                waits.setdefault(work["retry_at"], (len(api.completion_requests), work, snap["actions"]))
+            time.sleep(0.05)
+        assert [i["content"] for i in snap["transcript"]["items"] if i["kind"] == "assistant"] == ["Hello from the local model."]
+        requests = api.completion_requests
+        assert len(requests) == 4
+        assert len(waits) == 3
+        for n, (retry_at, (made, work, actions)) in enumerate(sorted(waits.items()), 1):
+            assert made == n  # seen while waiting after the n-th fault
+            assert requests[n].received_at >= retry_at  # no model call before the durable retry time
+            assert "503" in work["reason"] and f"retry {n} in" in work["reason"]
+            assert (actions["can_retry"], actions["can_pause"], actions["can_end"]) == (True, True, True)
+        gaps = [b.received_at - a.received_at for a, b in zip(requests, requests[1:], strict=False)]
+        assert gaps[0] >= 0.5 and gaps[1] >= 1.0 and gaps[2] >= 2.0  # growing backoff
+        failed = db_rows(env["state"], "SELECT state, error FROM requests WHERE state = 'failed'")
+        assert len(failed) == 3 and all("503" in f["error"] for f in failed)
+        events = cl.events(0, 5000)["events"]
+        assert sum(e["payload"].get("reason_code") == "provider_retrying" for e in events) >= 3
+
+
+def test_persistent_provider_fault_keeps_the_request_and_offers_retry_pause_end(env: dict[str, Any]) -> None:
+    """401 (bad key), then 404 (unknown model): not retried by itself, no idle model calls; the request
+    stays with its error and Retry / Pause / End, and continues once the user acts."""
+    from tests.openai_server import OpenAITestServer
+
+    with OpenAITestServer() as api:
+        api.plan_error(401, "invalid api key")
         server = env["make"](env={"OPENAI_BASE_URL": api.base_url}).start()
         cl = server.client()
         sid = str(cl.create_session(title="oa", cwd=str(env["root"]), model="openai:test-model")["session"]["session_id"])
         cl.send(sid, "hi", client_request_id="r1")
-        snap = cl.wait(sid, timeout=60)
-        assert [i["content"] for i in snap["transcript"]["items"] if i["kind"] == "assistant"] == ["Hello from the local model."]
+        snap = cl.wait(sid, phases=("failed",), timeout=30)
+        assert snap["work"]["reason_code"] == "provider_failed"
+        assert "401" in snap["work"]["reason"] and "invalid api key" in snap["work"]["reason"]
+        actions = snap["actions"]
+        assert (actions["can_retry"], actions["can_pause"], actions["can_end"], actions["can_resume"]) == (True, True, True, False)
+        time.sleep(2.5)  # several reconcile ticks: a persistent fault is not retried by itself
+        assert len(api.completion_requests) == 1
+        snap = cl.session(sid)
+        assert snap["work"]["phase"] == "failed" and snap["work"]["desired_state"] == "run"
+        assert [i["content"] for i in snap["transcript"]["items"] if i["kind"] == "user"] == ["hi"]
+
+        api.plan_error(404, "model not found")
+        cl.action(sid, "retry")
+        snap = cl.wait(sid, phases=("failed",), timeout=30)
+        assert "404" in snap["work"]["reason"] and len(api.completion_requests) == 2
+
+        cl.action(sid, "pause")
+        snap = cl.session(sid)
+        assert (snap["work"]["phase"], snap["actions"]["can_resume"]) == ("paused", True)
+        api.plan_text("Working again.")
+        cl.action(sid, "resume")
+        snap = cl.wait(sid, timeout=30)
+        assert [i["content"] for i in snap["transcript"]["items"] if i["kind"] == "assistant"] == ["Working again."]
+        assert [i["kind"] for i in snap["transcript"]["items"]].count("user") == 1
         assert len(api.completion_requests) == 3
-        failed = db_rows(env["state"], "SELECT state, error FROM requests WHERE state = 'failed'")
-        assert len(failed) == 2 and all("503" in f["error"] for f in failed)
-        events = cl.events(0, 5000)["events"]
-        assert any(e["payload"].get("reason_code") == "provider_retrying" for e in events)
+
+
+def test_requests_while_the_schema_is_being_migrated_get_503_starting(env: dict[str, Any]) -> None:
+    """A start that has to migrate the schema (here a v1 control.db, with its write lock held by another
+    process as a long migration would hold it) answers 503 ``starting`` with a sentence, never a
+    missing-table error and never a half-accepted request, then serves normally."""
+    from jupyter_goals.store import schema
+
+    env["state"].mkdir(parents=True)
+    v1 = Database(f"sqlite:///{env['state'] / 'control.db'}")
+    saved = schema.MIGRATIONS["control"]
+    schema.MIGRATIONS["control"] = saved[:1]
+    try:
+        assert schema.migrate(v1, "control") == 1
+    finally:
+        schema.MIGRATIONS["control"] = saved
+        v1.close()
+    blocker = sqlite3.connect(env["state"] / "control.db", isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    server = env["make"]().start(wait=False)
+    headers = {"Authorization": f"token {server.token}"}
+    try:
+        def answered() -> bool:
+            try:
+                return httpx.get(f"{server.url}api/goals/health", headers=headers, timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(answered, what="the HTTP server to answer while the store is locked")
+        health = httpx.get(f"{server.url}api/goals/health", headers=headers, timeout=5).json()
+        assert health["status"] == "starting" and health["reason_code"] == "starting"
+        r = httpx.get(f"{server.url}api/goals/sessions", headers=headers, timeout=5)
+        assert r.status_code == 503
+        assert r.json()["error"] == "starting" and "starting" in r.json()["message"]
+        r = httpx.post(f"{server.url}api/goals/sessions", headers=headers, timeout=5, json={"title": "early"})
+        assert r.status_code == 503 and r.json()["error"] == "starting"
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    server.wait_ready()
+    assert server.client().sessions() == []
+    assert [r["version"] for r in db_rows(env["state"], "SELECT version FROM schema_migrations ORDER BY version")] == [
+        m[0] for m in schema.CONTROL_MIGRATIONS]

@@ -165,8 +165,13 @@ def test_recovery_attempts_up_to_the_cap_still_admit() -> None:
 
 
 def test_retry_time_in_the_future_waits_as_provider_retrying() -> None:
-    d = decide(from_rule("provider_retrying"))
+    d = decide(from_rule("provider_retrying", interrupted=False))
     expect(d, Action.WAIT, Phase.WAITING, ReasonCode.PROVIDER_RETRYING)
+
+
+def test_retry_time_after_an_executor_death_waits_as_recovery_backoff() -> None:
+    d = decide(from_rule("provider_retrying", interrupted=True, recovery_attempts=2))
+    expect(d, Action.WAIT, Phase.WAITING, ReasonCode.RECOVERY_BACKOFF)
 
 
 def test_retry_time_reached_admits() -> None:

@@ -366,3 +366,27 @@ def test_protocol_checker_rejects_broken_protocols() -> None:
         assert_valid_tool_protocol(
             [ProviderMessage(role="assistant", tool_calls=[ToolCallSpec(id="a", name="t")])]
         )
+
+
+# --------------------------------------------------------------------------- late receipts
+
+
+def test_late_receipt_after_later_turns_replaces_the_placeholder_in_place() -> None:
+    from jupyter_goals.recovery.repair import late_receipt_text
+
+    t = T().user("go").assistant("r1").call("r1", "c1").result("c1", placeholder_text("c1", "shell"), state="unknown")
+    t.user("next").assistant("r2", "ok")
+    stored = copy.deepcopy(t.items)
+    t.reconcile("c1", late_receipt_text("c1", "exit status: 0"))
+    msgs = repair_history(t.items)
+    assert [m.role for m in msgs] == ["user", "assistant", "tool", "user", "assistant"]
+    assert msgs[2].unknown_outcome is False
+    assert msgs[2].content == late_receipt_text("c1", "exit status: 0") and "exit status: 0" in msgs[2].content
+    assert t.items[: len(stored)] == stored  # the old items are untouched
+
+
+def test_late_receipt_text_is_deterministic() -> None:
+    from jupyter_goals.recovery.repair import late_receipt_text
+
+    assert late_receipt_text("c1", "x") == late_receipt_text("c1", "x")
+    assert late_receipt_text("c1", "x").startswith("[late result]")

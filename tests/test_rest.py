@@ -195,6 +195,24 @@ async def test_bad_query_arguments_are_400(api: Api) -> None:
     assert_error(answer, "bad_request")
 
 
+async def test_usage_answers_the_contract_fields_and_refuses_bad_queries(api: Api) -> None:
+    sid = await api.new_session(title="usage")
+    answer = await api.ok("GET", "usage", params={"session_id": sid})
+    assert {"known_cost_usd", "known_tokens", "unknown_usage_requests", "estimated_cost_usd", "display",
+            "active_seconds", "unknown_intervals"} <= set(answer)
+    assert answer["known_cost_usd"] == 0 and answer["unknown_usage_requests"] == 0
+    assert answer["display"] == "Known $0.00"
+    snap = await api.ok("GET", f"sessions/{sid}")
+    assert snap["usage"]["display"] == "Known $0.00" and "active_seconds" in snap["usage"]
+    for params in ({}, {"session_id": sid, "goal_id": "gol_x"}):
+        status, err = await api.call("GET", "usage", params=params)
+        assert status == 400, params
+        assert_error(err, "bad_request")
+    for params in ({"session_id": "ses_missing"}, {"goal_id": "gol_missing"}):
+        status, err = await api.call("GET", "usage", params=params)
+        assert status == 404, params
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [
@@ -458,6 +476,29 @@ async def test_unreadable_control_db_degrades_the_server_and_is_left_untouched(
 
     assert sha256(control) == before
     assert not backups_of(control)
+
+
+async def test_a_control_db_readable_again_heals_the_server_without_a_restart(
+    jp_serverapp: ServerApp, jp_fetch: Any, goals_state_dir: Path
+) -> None:
+    control = seed_garbage_control_db(goals_state_dir)
+    before = sha256(control)
+    await start_goals(jp_serverapp)
+    api = Api(jp_fetch)
+    await assert_degraded(api, "storage_unavailable")
+
+    broken = control.rename(control.with_name("control.db.broken"))  # the person moves the damaged file aside
+    health: dict[str, Any] = {}
+    for _ in range(100):
+        health = await api.ok("GET", "health")
+        if health["status"] == "ok":
+            break
+        await asyncio.sleep(0.1)
+    assert health["status"] == "ok", health
+    status, created = await api.call("POST", "sessions", {"title": "after the repair"})
+    assert status == 201, created
+    await stop_goals(jp_serverapp)
+    assert sha256(broken) == before
 
 
 async def test_schema_newer_than_the_code_degrades_with_migration_failed(

@@ -5,109 +5,32 @@ Every PostgreSQL test gets fresh schemas (``search_path`` in the URL) that are d
 
 from __future__ import annotations
 
-import functools
 import glob
 import hashlib
 import os
 import sqlite3
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from jupyter_goals.models import ItemKind
 from jupyter_goals.store import control as c
 from jupyter_goals.store import schema
 from jupyter_goals.store import usage as u
-from jupyter_goals.store.db import Database, FencedError, MigrationFailed, Tx, VersionConflict
+from jupyter_goals.store.db import (
+    Database,
+    FencedError,
+    MigrationFailed,
+    StorageUnavailable,
+    Tx,
+    VersionConflict,
+)
 from jupyter_goals.store.outbox import OutboxDispatcher
 from jupyter_goals.store.schema import migrate
-
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
-PERMS = {"mode": "ask", "allow": []}
-
-
-@functools.cache
-def postgres_unreachable() -> str | None:
-    try:
-        import psycopg
-
-        psycopg.connect(PG_ADMIN_URL, connect_timeout=3).close()
-    except Exception as exc:  # ImportError included: no driver, no PostgreSQL tests
-        return f"PostgreSQL at 127.0.0.1:5432 (database 'test') is unreachable: {exc}"
-    return None
-
-
-class Backend:
-    """Opens named databases ('control', 'usage', ...) of one kind; each name is its own database."""
-
-    def __init__(self, kind: str, tmp_path: Path) -> None:
-        self.kind = kind
-        self.tmp_path = tmp_path
-        self.token = uuid.uuid4().hex[:10]
-        self.schemas: list[str] = []
-        self.opened: list[Database] = []
-
-    def url(self, name: str) -> str:
-        if self.kind == "sqlite":
-            return f"sqlite:///{self.tmp_path / f'{name}.db'}"
-        schema_name = f"test_{self.token}_{name}"
-        if schema_name not in self.schemas:
-            self._admin(f'CREATE SCHEMA "{schema_name}"')
-            self.schemas.append(schema_name)
-        return f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema_name}"
-
-    def path(self, name: str) -> Path:
-        assert self.kind == "sqlite"
-        return self.tmp_path / f"{name}.db"
-
-    def open(self, name: str, *, migrated: str | None = None) -> Database:
-        db = Database(self.url(name))
-        self.opened.append(db)
-        if migrated:
-            migrate(db, migrated)
-        return db
-
-    def close_all(self) -> None:
-        for db in self.opened:
-            db.close()
-        self.opened.clear()
-
-    def cleanup(self) -> None:
-        self.close_all()
-        for schema_name in self.schemas:
-            self._admin(f'DROP SCHEMA IF EXISTS "{schema_name}" CASCADE')
-
-    @staticmethod
-    def _admin(sql: str) -> None:
-        import psycopg
-
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(sql)  # type: ignore[arg-type]
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    if request.param == "postgresql" and (reason := postgres_unreachable()):
-        pytest.skip(reason)
-    b = Backend(request.param, tmp_path)
-    try:
-        yield b
-    finally:
-        b.cleanup()
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def new_chat(tx: Tx, text: str = "hello", client_request_id: str = "req-1") -> tuple[dict[str, Any], dict[str, Any]]:
-    session = c.create_session(tx, "chat", "/tmp", "scripted:none.json", PERMS)
-    msg, created = c.accept_message(tx, session, text, client_request_id, "queue", auto_recover=True, host="host-a")
-    assert created
-    return session, c.get_work(tx, msg["work_id"])
+from tests.storekit import PERMS, Backend, new_chat
 
 
 def versions(db: Database) -> list[int]:
@@ -128,8 +51,12 @@ def session_columns(db: Database) -> set[str]:
     return set(row)
 
 
-def with_v2(sql: str) -> list[tuple[int, str, str]]:
-    return [*schema.CONTROL_MIGRATIONS, (2, "test v2", sql)]
+CONTROL_NEWEST = schema.CONTROL_MIGRATIONS[-1][0]
+
+
+def with_next(sql: str) -> list[schema.Migration]:
+    """The shipped control migrations plus one more (version CONTROL_NEWEST + 1)."""
+    return [*schema.CONTROL_MIGRATIONS, (CONTROL_NEWEST + 1, "test next", sql)]
 
 
 # --------------------------------------------------------------------------- migrations
@@ -138,13 +65,15 @@ def with_v2(sql: str) -> list[tuple[int, str, str]]:
 def test_migrate_is_idempotent_and_records_versions(backend: Backend) -> None:
     for which in ("control", "usage"):
         db = backend.open(which)
-        assert migrate(db, which) == 1
-        assert migrate(db, which) == 1
-        rows = db.transact(lambda tx: tx.all("SELECT version, name, applied_at FROM schema_migrations"))
-        assert [(r["version"], r["name"]) for r in rows] == [(1, schema.MIGRATIONS[which][0][1])]
-        assert rows[0]["applied_at"] > 0
+        newest = schema.MIGRATIONS[which][-1][0]
+        assert migrate(db, which) == newest
+        assert migrate(db, which) == newest
+        rows = db.transact(lambda tx: tx.all("SELECT version, name, applied_at FROM schema_migrations ORDER BY version"))
+        assert [(r["version"], r["name"]) for r in rows] == [(m[0], m[1]) for m in schema.MIGRATIONS[which]]
+        assert all(r["applied_at"] > 0 for r in rows)
     control = backend.open("control", migrated="control")
-    assert count(control, "SELECT COUNT(*) FROM counters") == 3  # the v1 seed rows were not inserted twice
+    # the v1 seed rows were not inserted twice (SQLite's v2 drops the two log counters: seq is the rowid there)
+    assert count(control, "SELECT COUNT(*) FROM counters") == (1 if backend.kind == "sqlite" else 3)
 
 
 def test_schema_newer_than_code_raises_migration_failed_and_leaves_the_database_unchanged(backend: Backend) -> None:
@@ -172,21 +101,21 @@ def test_schema_newer_than_code_raises_migration_failed_and_leaves_the_database_
     assert count(reopened, "SELECT COUNT(*) FROM work_items") == 1
 
 
-def test_broken_migration_raises_migration_failed_and_keeps_v1_data(
+def test_broken_migration_raises_migration_failed_and_keeps_the_data(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db = backend.open("control", migrated="control")
     session, work = db.transact(lambda tx: new_chat(tx, "keep me"))
     backend.close_all()
     # the first statement works, the second fails: the whole migration must roll back
-    monkeypatch.setitem(schema.MIGRATIONS, "control", with_v2(
+    monkeypatch.setitem(schema.MIGRATIONS, "control", with_next(
         "ALTER TABLE sessions ADD COLUMN half_applied TEXT;\nINSERT INTO no_such_table (x) VALUES (1)"))
 
     db = backend.open("control")
     with pytest.raises(MigrationFailed):
         migrate(db, "control")
 
-    assert versions(db) == [1]
+    assert versions(db) == list(range(1, CONTROL_NEWEST + 1))
     assert "half_applied" not in session_columns(db)
     kept = db.transact(lambda tx: c.get_work(tx, work["work_id"]), write=False)
     assert kept["input"] == c.dumps({"text": "keep me"})
@@ -201,21 +130,21 @@ def test_sqlite_migration_writes_a_backup_beside_the_database_before_migrating(
     migrate(db, "control")
     session, _ = db.transact(lambda tx: new_chat(tx))
     db.close()
-    monkeypatch.setitem(schema.MIGRATIONS, "control", with_v2("ALTER TABLE sessions ADD COLUMN v2_column TEXT"))
+    monkeypatch.setitem(schema.MIGRATIONS, "control", with_next("ALTER TABLE sessions ADD COLUMN v2_column TEXT"))
 
     db = Database(f"sqlite:///{path}")
     try:
-        assert migrate(db, "control") == 2
+        assert migrate(db, "control") == CONTROL_NEWEST + 1
         assert "v2_column" in session_columns(db)
     finally:
         db.close()
 
-    backups = glob.glob(f"{path}.v1.*.bak")
+    backups = glob.glob(f"{path}.v{CONTROL_NEWEST}.*.bak")
     assert len(backups) == 1, os.listdir(tmp_path)
-    # the backup is the v1 database as it was before the migration ran
+    # the backup is the database as it was before the migration ran
     conn = sqlite3.connect(backups[0])
     try:
-        assert [r[0] for r in conn.execute("SELECT version FROM schema_migrations")] == [1]
+        assert [r[0] for r in conn.execute("SELECT version FROM schema_migrations")] == list(range(1, CONTROL_NEWEST + 1))
         cols = [r[1] for r in conn.execute("PRAGMA table_info(sessions)")]
         assert "v2_column" not in cols
         assert conn.execute("SELECT title FROM sessions WHERE session_id = ?", (session["session_id"],)).fetchone() == (
@@ -223,6 +152,37 @@ def test_sqlite_migration_writes_a_backup_beside_the_database_before_migrating(
         )
     finally:
         conn.close()
+
+
+def test_upgrade_from_v1_keeps_event_and_transcript_seqs_and_new_rows_follow_them(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(schema.MIGRATIONS, "control", schema.CONTROL_MIGRATIONS[:1])
+    db = backend.open("control", migrated="control")
+
+    def v1_rows(tx: Tx) -> None:  # as v1 code wrote them: seq from the counter rows
+        for seq in (1, 2, 3):
+            tx.execute("INSERT INTO events (seq, ts, kind, payload) VALUES (?, 0, 'old', '{}')", (seq,))
+        tx.execute("UPDATE counters SET value = 3 WHERE name = 'event_seq'")
+        tx.execute("INSERT INTO transcript (item_id, seq, session_id, kind, role, content, created_at)"
+                   " VALUES ('itm_old', 7, 'ses_old', 'user', 'user', 'before the upgrade', 0)")
+        tx.execute("UPDATE counters SET value = 7 WHERE name = 'transcript_seq'")
+
+    db.transact(v1_rows)
+    backend.close_all()
+    monkeypatch.undo()
+
+    db = backend.open("control", migrated="control")
+    assert versions(db) == list(range(1, CONTROL_NEWEST + 1))
+    assert [r["seq"] for r in db.transact(lambda tx: c.events_after(tx, 0, 10), write=False)] == [1, 2, 3]
+    assert db.transact(c.last_event_seq, write=False) == 3
+    seq = db.transact(lambda tx: c.append_item(tx, "ses_old", ItemKind.USER, "user", "after", item_id="itm_new"))
+    assert seq is not None and seq > 7
+    assert db.transact(lambda tx: c.append_item(tx, "ses_old", ItemKind.USER, "user", "again", item_id="itm_new")) is None
+    items = db.transact(lambda tx: c.transcript(tx, "ses_old"), write=False)
+    assert [(i.item_id, i.content) for i in items] == [("itm_old", "before the upgrade"), ("itm_new", "after")]
+    events = db.transact(lambda tx: c.events_after(tx, 3, 10), write=False)
+    assert [e["kind"] for e in events] == ["transcript.item"] and events[0]["seq"] == 4
 
 
 def test_sqlite_fresh_database_needs_no_backup(tmp_path: Path) -> None:
@@ -351,6 +311,35 @@ def test_continuation_key_is_sha256_of_work_control_version_and_commit_point() -
     assert c.continuation_key("wrk_1", 4, 7) != c.continuation_key("wrk_1", 3, 7)
 
 
+def test_each_ended_attempt_moves_the_checkpoint_so_the_next_admission_gets_a_new_key(backend: Backend) -> None:
+    db = backend.open("control", migrated="control")
+    attempt = db.transact(lambda tx: c.admit(tx, new_chat(tx)[1], mode="fresh", turn_id=None))
+    gen = db.transact(lambda tx: c.register_worker(tx, "wkr_1", "host-a", "boot", 1, None, 60.0))
+    claimed = db.transact(lambda tx: c.claim_attempt(tx, "wkr_1", gen))
+    assert claimed is not None
+    db.transact(lambda tx: c.end_attempt(tx, claimed, "awaiting_approval"))
+    db.transact(lambda tx: c.end_attempt(tx, claimed, "awaiting_approval"))  # a repeat moves nothing
+    work = db.transact(lambda tx: c.get_work(tx, attempt["work_id"]), write=False)
+    assert work["commit_point"] == 1
+    again = db.transact(lambda tx: c.admit(tx, c.get_work(tx, attempt["work_id"]), mode="resume",
+                                           turn_id=attempt["turn_id"]))
+    assert again["continuation_key"] == c.continuation_key(work["work_id"], int(work["control_version"]), 1)
+    assert again["continuation_key"] != attempt["continuation_key"]
+
+
+def test_pausing_releases_an_admitted_attempt_no_worker_claimed_yet(backend: Backend) -> None:
+    db = backend.open("control", migrated="control")
+    attempt = db.transact(lambda tx: c.admit(tx, new_chat(tx)[1], mode="fresh", turn_id=None))
+    assert db.transact(c.live_attempts, write=False) == 1
+    db.transact(lambda tx: c.apply_control(tx, c.get_work(tx, attempt["work_id"]), "pause", None))
+    assert db.transact(c.live_attempts, write=False) == 0  # the quota slot is free at once
+    row = db.transact(lambda tx: tx.one("SELECT state, end_reason FROM attempts WHERE attempt_id = ?",
+                                        (attempt["attempt_id"],)), write=False)
+    assert row == {"state": "ended", "end_reason": "control"}
+    gen = db.transact(lambda tx: c.register_worker(tx, "wkr_1", "host-a", "boot", 1, None, 60.0))
+    assert db.transact(lambda tx: c.claim_attempt(tx, "wkr_1", gen)) is None
+
+
 def test_the_same_continuation_cannot_be_admitted_twice(backend: Backend) -> None:
     db = backend.open("control", migrated="control")
 
@@ -419,7 +408,7 @@ def test_attempt_admitted_before_a_pause_or_stop_never_shows_the_work_as_working
         generation = c.register_worker(tx, "wkr_late", "host-a", "boot-1", 4242, None, 10.0)
         return c.claim_attempt(tx, "wkr_late", generation)
 
-    assert db.transact(claim) is not None  # claimed only so the worker can end it at its first fenced read
+    assert db.transact(claim) is None  # the control released the unclaimed attempt: nothing left to claim
     after = db.transact(lambda tx: c.get_work(tx, work["work_id"]), write=False)
     assert (after["phase"], after["reason_code"]) == before
 
@@ -467,3 +456,21 @@ async def test_receipt_whose_acknowledgement_was_lost_is_retried_and_counted_onc
     assert totals["known_tokens"] == {"input": 10, "output": 5, "cached": 0}
     assert outbox_row()["state"] == "done"
     assert control.transact(c.pending_outbox_count, write=False) == 0
+
+
+def test_a_closed_database_refuses_work_instead_of_reopening(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'control.db'}")
+    migrate(db, "control")
+    db.close()
+    with pytest.raises(StorageUnavailable, match="closed"):
+        db.transact(c.last_event_seq, write=False)
+    assert db._conn is None  # nothing was reopened
+
+
+def test_backups_of_the_same_second_get_distinct_names(tmp_path: Path) -> None:
+    path = tmp_path / "control.db"
+    db = Database(f"sqlite:///{path}")
+    migrate(db, "control")
+    db.close()
+    names = {schema.backup_sqlite(str(path), CONTROL_NEWEST) for _ in range(3)}
+    assert len(names) == 3 and all(n and os.path.exists(n) for n in names)

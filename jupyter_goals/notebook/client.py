@@ -62,6 +62,21 @@ class GoalsClient:
             body["expected_control_version"] = expected_control_version
         return dict(_check(self.http.post(f"/sessions/{session_id}/actions", json=body)))
 
+    def set_permissions(self, session_id: str, permissions: dict[str, Any],
+                        expected_control_version: int | None = None) -> dict[str, Any]:
+        """Change a session's permissions (``{mode: ask|bypass, allow: [tool | {tool, path}]}``).
+        Pending approvals of its unfinished work are invalidated and asked again if still needed."""
+        body: dict[str, Any] = {"permissions": permissions}
+        if expected_control_version is not None:
+            body["expected_control_version"] = expected_control_version
+        return dict(_check(self.http.patch(f"/sessions/{session_id}", json=body)))
+
+    def approve(self, approval_id: str) -> dict[str, Any]:
+        return self.decide(approval_id, "approve")
+
+    def deny(self, approval_id: str) -> dict[str, Any]:
+        return self.decide(approval_id, "deny")
+
     def stop_all(self) -> dict[str, Any]:
         return dict(_check(self.http.post("/actions", json={"action": "stop_all"})))
 
@@ -73,6 +88,57 @@ class GoalsClient:
 
     def events(self, after: int = 0, limit: int = 500) -> dict[str, Any]:
         return dict(_check(self.http.get("/events", params={"after": after, "format": "json", "limit": limit})))
+
+    def usage(self, session_id: str | None = None, goal_id: str | None = None) -> dict[str, Any]:
+        """Known cost and tokens, what is unknown, the estimate and active time (one of the two ids)."""
+        params = {"session_id": session_id} if session_id else {"goal_id": goal_id}
+        return dict(_check(self.http.get("/usage", params=params)))
+
+    # ------------------------------------------------------------------ goals
+    def create_goal(self, session_id: str, objective: str, requirements: list[dict[str, Any]] | None = None,
+                    budget: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Start a Goal in a session. Requirements are ``{id?, text, kind: semantic | command | file_exists |
+        file_digest, command?, path?, sha256?}``; without them the server extracts them from the objective."""
+        body: dict[str, Any] = {"session_id": session_id, "objective": objective}
+        if requirements is not None:
+            body["requirements"] = requirements
+        if budget is not None:
+            body["budget"] = budget
+        return dict(_check(self.http.post("/goals", json=body)))
+
+    def goal(self, goal_id: str) -> dict[str, Any]:
+        return dict(_check(self.http.get(f"/goals/{goal_id}")))
+
+    def goals(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        return list(_check(self.http.get("/goals", params={"session_id": session_id} if session_id else {}))["goals"])
+
+    def update_goal(self, goal_id: str, expected_revision: int, **changes: Any) -> dict[str, Any]:
+        """``objective`` / ``requirements`` / ``budget`` / ``reason``; dropping a requirement needs a reason."""
+        return dict(_check(self.http.patch(f"/goals/{goal_id}", json={"expected_revision": expected_revision, **changes})))
+
+    def goal_action(self, goal_id: str, action: str, expected_revision: int) -> dict[str, Any]:
+        """``pause`` / ``resume`` / ``verify`` / ``end``; 409 when the revision changed meanwhile."""
+        body = {"action": action, "expected_revision": expected_revision}
+        return dict(_check(self.http.post(f"/goals/{goal_id}/actions", json=body)))
+
+    def history(self, session_id: str) -> list[dict[str, Any]]:
+        """Terminal Goal records of a session (read-only snapshots with their transcript anchors)."""
+        return list(_check(self.http.get(f"/sessions/{session_id}/history"))["records"])
+
+    def history_record(self, record_id: str) -> dict[str, Any]:
+        return dict(_check(self.http.get(f"/history/{record_id}")))
+
+    def wait_goal(self, goal_id: str, states: tuple[str, ...] = ("achieved",), timeout: float = 60.0) -> dict[str, Any]:
+        """Poll the Goal until it reaches one of ``states``."""
+        deadline = time.monotonic() + timeout
+        goal: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            goal = self.goal(goal_id)
+            if goal["state"] in states:
+                return goal
+            time.sleep(0.1)
+        raise TimeoutError(f"goal {goal_id} did not reach {states}: {goal.get('state')} {goal.get('phase')}"
+                           f" {goal.get('reason_code')}")
 
     def wait(self, session_id: str, phases: tuple[str, ...] = ("done",), timeout: float = 60.0) -> dict[str, Any]:
         """Poll the snapshot until the current work reaches one of ``phases``."""

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_goals.faults import crash_point
+from jupyter_goals.goals.lifecycle import goal_wait
 from jupyter_goals.identity import ProcessIdentity
 from jupyter_goals.models import DesiredState, EffectState, ItemKind, Phase, ReasonCode, TurnState
 from jupyter_goals.providers.base import check_model
 from jupyter_goals.recovery.decide import Action, Owner, RecoveryFacts, decide
-from jupyter_goals.recovery.repair import placeholder_text
+from jupyter_goals.recovery.repair import late_receipt_text, placeholder_text
 from jupyter_goals.runtime.tools import ToolRegistry, shell_alive, shell_result_text
 from jupyter_goals.store import control as c
 from jupyter_goals.store.db import Database, Row, Tx, VersionConflict
@@ -32,13 +33,17 @@ class RecoveryReport:
     recovered: dict[str, str] = field(default_factory=dict)  # work_id -> mode
     decisions: dict[str, str] = field(default_factory=dict)  # work_id -> action/reason
     admitted: list[str] = field(default_factory=list)
+    charged: dict[str, str] = field(default_factory=dict)  # work_id -> worker whose death it was charged with
+    reconciled: list[str] = field(default_factory=list)  # call ids whose late receipt was appended
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "reconciled": self.reconciled,
             "dead_workers": self.dead_workers,
             "recovered": self.recovered,
             "decisions": self.decisions,
             "admitted": self.admitted,
+            "charged": self.charged,
         }
 
 
@@ -75,11 +80,12 @@ class Coordinator:
     # ------------------------------------------------------------------ entry point
     async def recover(self) -> RecoveryReport:
         report = RecoveryReport()
-        report.dead_workers = await self.db.run(self._confirm_ownership)
+        report.dead_workers = await self.db.run(lambda tx: self._confirm_ownership(tx, report))
         for attempt in await self.db.run(self._unrecovered_attempts, write=False):
             mode = await self._recover_attempt(attempt)
             if mode:
                 report.recovered[attempt["work_id"]] = mode
+        report.reconciled = await self.db.run(self._late_receipts)
         await self.db.run(lambda tx: self._reconcile(tx, report))
         return report
 
@@ -90,7 +96,7 @@ class Coordinator:
         return report
 
     # ------------------------------------------------------------------ 1. ownership
-    def _confirm_ownership(self, tx: Tx) -> list[str]:
+    def _confirm_ownership(self, tx: Tx, report: RecoveryReport) -> list[str]:
         """Death is confirmed by identity (same host: pid + start time, or a new boot id), never by a
         late heartbeat alone. Another host's expired lease is taken over only when configured."""
         dead: list[str] = []
@@ -104,17 +110,49 @@ class Coordinator:
                 reason = "lease expired on another host (takeover allowed)"
             else:
                 continue
-            c.mark_worker_dead(tx, w, reason)
+            self._charge_deaths(tx, c.mark_worker_dead(tx, w, reason), now, report)
             dead.append(w["worker_id"])
         # running attempts whose worker ended without releasing them (a crash during graceful stop)
-        for a in tx.all(
+        orphans = tx.all(
             "SELECT a.* FROM attempts a JOIN workers w ON a.worker_id = w.worker_id"
             " WHERE a.state = 'running' AND w.state != 'live'"
-        ):
+        )
+        for a in orphans:
             tx.execute("UPDATE attempts SET state = 'dead', ended_at = ?, end_reason = 'worker ended' WHERE attempt_id = ?",
                        (now, a["attempt_id"]))
             c.bump_commit_point(tx, a["work_id"])
+            c.lose_requests(tx, a["attempt_id"])
+        self._charge_deaths(tx, orphans, now, report)
         return dead
+
+    def _charge_deaths(self, tx: Tx, died: list[Row], now: float, report: RecoveryReport) -> None:
+        """Attribute executor deaths to the work that ran, in the transaction that confirms them.
+
+        Per dead worker, the attempts whose turn had a tool call in flight (a ``dispatched`` effect)
+        are charged: a tool that kills or crashes its worker is in flight when the worker dies, and
+        the other attempts on that worker died with it through no fault of their own. When no tool
+        was in flight the death cannot be pinned on one item, and every attempt it ran is charged.
+        A charge adds one to the item's consecutive-death counter and sets its growing backoff.
+        """
+        by_worker: dict[str, list[Row]] = {}
+        for a in died:
+            by_worker.setdefault(str(a["worker_id"]), []).append(a)
+        for worker_id, attempts in by_worker.items():
+            in_flight = [a for a in attempts if tx.one(
+                "SELECT effect_id FROM effects WHERE turn_id = ? AND state = 'dispatched' LIMIT 1", (a["turn_id"],)
+            ) is not None]
+            for a in in_flight or attempts:
+                work = c.get_work(tx, a["work_id"])
+                deaths = int(work["recovery_attempts"]) + 1
+                delay = recovery_backoff(deaths, self.recovery_backoff_s)
+                tx.execute("UPDATE work_items SET recovery_attempts = ?, next_attempt_at = ? WHERE work_id = ?",
+                           (deaths, now + delay if delay else 0, work["work_id"]))
+                tx.execute("UPDATE attempts SET end_reason = COALESCE(end_reason, '') || ? WHERE attempt_id = ?",
+                           (f"; charged: death {deaths} in a row", a["attempt_id"]))
+                c.emit(tx, "recovery.charged", {"attempt_id": a["attempt_id"], "worker_id": worker_id,
+                                                "recovery_attempts": deaths, "delay_s": delay},
+                       session_id=work["session_id"], work_id=work["work_id"])
+                report.charged[work["work_id"]] = worker_id
 
     def _unrecovered_attempts(self, tx: Tx) -> list[Row]:
         return tx.all(
@@ -197,19 +235,27 @@ class Coordinator:
                           meta={"attempt_id": attempt["attempt_id"], "mode": mode})
             if unknown:
                 c.end_turn(tx, work, turn["turn_id"], TurnState.INTERRUPTED, "executor died with unknown outcomes")
-        attempts = int(work["recovery_attempts"]) + 1
-        delay = recovery_backoff(attempts, self.recovery_backoff_s)
-        tx.execute(
-            "UPDATE work_items SET recovery_attempts = ?, next_attempt_at = ? WHERE work_id = ?",
-            (attempts, time.time() + delay if delay else 0, work["work_id"]),
-        )
+        # the death was charged (or not) when it was confirmed; the decision records the outcome
+        retry_at = float(work["next_attempt_at"] or 0)
         tx.execute(
             "UPDATE recovery_decisions SET state = 'decided', mode = ?, updated_at = ?, detail = ? WHERE decision_key = ?",
-            (mode, time.time(), c.dumps({"recovery_attempts": attempts, "delay_s": delay}), key),
+            (mode, time.time(), c.dumps({"recovery_attempts": int(work["recovery_attempts"]), "retry_at": retry_at,
+                                         "end_reason": attempt["end_reason"]}), key),
         )
         c.emit(tx, "recovery.decided", {"attempt_id": attempt["attempt_id"], "mode": mode},
                session_id=work["session_id"], work_id=work["work_id"])
         return mode
+
+    def _late_receipts(self, tx: Tx) -> list[str]:
+        """Unknown shell effects whose exit file turned up later (e.g. a process of an earlier boot that
+        finished): append the real result once as a reconciliation item; later requests use it in
+        place of the placeholder, and the unknown-effect restriction no longer counts it."""
+        done: list[str] = []
+        for eff in tx.all("SELECT * FROM effects WHERE state = 'unknown' AND tool = 'shell' ORDER BY seq"):
+            text = shell_result_text(self.state_dir / "effects" / eff["effect_id"])
+            if text is not None and c.reconcile_effect(tx, eff, late_receipt_text(eff["call_id"], text)):
+                done.append(eff["call_id"])
+        return done
 
     # ------------------------------------------------------------------ 3+4. decide and admit
     def _facts(
@@ -238,17 +284,20 @@ class Coordinator:
                 spec = self.registry.get(eff["tool"])
                 if spec is not None and eff["impl_digest"] and spec.digest != eff["impl_digest"]:
                     changed.append(eff["tool"])
-        interrupted = tx.one("SELECT attempt_id FROM attempts WHERE work_id = ? AND state = 'dead' LIMIT 1",
-                             (work["work_id"],)) is not None
+        latest = tx.one("SELECT state, control_version FROM attempts WHERE work_id = ? ORDER BY admitted_at DESC LIMIT 1",
+                        (work["work_id"],))
+        interrupted = (latest is not None and latest["state"] == "dead"
+                       and int(latest["control_version"]) == int(work["control_version"]))
         pending = tx.one("SELECT approval_id FROM approvals WHERE work_id = ? AND state = 'pending' LIMIT 1",
                          (work["work_id"],)) is not None
         return RecoveryFacts(
             desired_state=DesiredState(work["desired_state"]),
             reason_code=work["reason_code"],
             owner=owner,
-            interrupted=interrupted and work["recovery_attempts"] > 0,
+            interrupted=interrupted,
             auto_recover=bool(work["auto_recover"]),
             pending_approval=pending,
+            goal_wait=goal_wait(tx, work["work_id"]) if work["kind"] == "goal" else None,
             cwd_exists=os.path.isdir(session["cwd"]),
             model_problem=models[model],
             changed_tools=tuple(changed),
@@ -298,11 +347,11 @@ class Coordinator:
                     work["desired_state"] = "paused"
                 c.set_phase(tx, work, Phase.PAUSED, d.reason_code)
             elif d.action == Action.FAIL:
-                c.set_phase(tx, work, Phase.FAILED, d.reason_code)
+                c.set_phase(tx, work, Phase.FAILED, d.reason_code, self._explain(work, d.reason_code, now))
             elif d.action == Action.WAIT:
                 busy.add(sid)
                 if work["reason_code"] != d.reason_code or work["phase"] != Phase.WAITING:
-                    c.set_phase(tx, work, Phase.WAITING, d.reason_code)
+                    c.set_phase(tx, work, Phase.WAITING, d.reason_code, self._explain(work, d.reason_code, now))
             elif d.action == Action.ADMIT:
                 if sid in busy or sid in runnable:
                     if work["phase"] != Phase.QUEUED or work["reason_code"] != ReasonCode.WAITING_FOR_TURN:
@@ -328,6 +377,18 @@ class Coordinator:
             )
             report.admitted.append(work["work_id"])
             free -= 1
+
+    def _explain(self, work: Row, code: ReasonCode, now: float) -> str | None:
+        """The sentence for people beside a crash-loop reason (None: the reason's standard sentence)."""
+        deaths = int(work["recovery_attempts"])
+        if code == ReasonCode.RECOVERY_ATTEMPTS_EXCEEDED:
+            return (f"The executor died {deaths} times in a row while this work ran (at most"
+                    f" {self.max_recovery_attempts} recoveries); Retry, Pause or End it.")
+        if code == ReasonCode.RECOVERY_BACKOFF:
+            wait = max(0.0, float(work["next_attempt_at"] or 0) - now)
+            return (f"The executor died while this work ran ({deaths} times in a row); recovery"
+                    f" {deaths} of {self.max_recovery_attempts} starts in {wait:.1f} s.")
+        return None
 
     # ------------------------------------------------------------------ explanations
     async def explain(self) -> list[dict[str, Any]]:

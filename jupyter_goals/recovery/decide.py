@@ -35,16 +35,20 @@ class RecoveryFacts:
     desired_state: DesiredState
     reason_code: str = ""
     owner: Owner = Owner.NONE
-    interrupted: bool = False  # an attempt of this work died: this is a recovery, not a first admission
+    # the latest attempt of this work died under the current control version: a recovery, not a
+    # first admission (a user Resume or Retry since then is an explicit admission)
+    interrupted: bool = False
     auto_recover: bool = True
     pending_approval: bool = False
+    # the item's Goal holds it back (blocked, budget_exhausted, awaiting_clarification): a durable wait
+    goal_wait: ReasonCode | None = None
     permission_revoked: bool = False
     budget_problem: ReasonCode | None = None
     cwd_exists: bool = True
     model_problem: ReasonCode | None = None
     changed_tools: tuple[str, ...] = ()
-    recovery_attempts: int = 0
-    max_recovery_attempts: int = 5
+    recovery_attempts: int = 0  # consecutive executor deaths attributed to this work
+    max_recovery_attempts: int = 5  # recoveries allowed; the death after the last one fails the work
     retry_at: float = 0.0
     now: float = 0.0
     has_open_turn: bool = False
@@ -81,6 +85,8 @@ def decide(f: RecoveryFacts) -> RecoveryDecision:
         return RecoveryDecision(Action.PAUSE, Phase.PAUSED, ReasonCode.AUTO_RECOVERY_DISABLED)
     if f.pending_approval:
         return RecoveryDecision(Action.WAIT, Phase.WAITING, ReasonCode.AWAITING_APPROVAL)
+    if f.goal_wait is not None:  # waiting without idle model turns
+        return RecoveryDecision(Action.WAIT, Phase.WAITING, f.goal_wait)
     if f.permission_revoked:
         return RecoveryDecision(Action.WAIT, Phase.WAITING, ReasonCode.PERMISSION_REVOKED)
     if f.budget_problem is not None:
@@ -93,8 +99,9 @@ def decide(f: RecoveryFacts) -> RecoveryDecision:
         return RecoveryDecision(Action.WAIT, Phase.WAITING, ReasonCode.TOOL_CHANGED)
     if f.recovery_attempts > f.max_recovery_attempts:
         return RecoveryDecision(Action.FAIL, Phase.FAILED, ReasonCode.RECOVERY_ATTEMPTS_EXCEEDED)
-    if f.retry_at > f.now:
-        return RecoveryDecision(Action.WAIT, Phase.WAITING, ReasonCode.PROVIDER_RETRYING)
+    if f.retry_at > f.now:  # a durable retry time: after an executor death, or after a provider fault
+        code = ReasonCode.RECOVERY_BACKOFF if f.interrupted else ReasonCode.PROVIDER_RETRYING
+        return RecoveryDecision(Action.WAIT, Phase.WAITING, code)
     if not f.has_open_turn:
         mode = "new_turn" if f.interrupted else "fresh"
     else:

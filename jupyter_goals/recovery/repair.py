@@ -17,6 +17,7 @@ UNKNOWN_OUTCOME_TEXT = (
 )
 NEVER_STARTED_TEXT = "[never started] Tool call {call_id} ({tool}) never started; it had no effect."
 INTERRUPTED_MARKER = "[response interrupted]"
+LATE_RECEIPT_TEXT = "[late result] Tool call {call_id} did finish after its outcome was reported unknown; its real result:\n{content}"
 
 # Stored result states that do not tell what happened; any other stored result is a real output.
 _UNKNOWN_STATES = frozenset({EffectState.UNKNOWN, EffectState.DISPATCHED, EffectState.PLANNED})
@@ -31,6 +32,11 @@ class AmbiguousCallIds(ValueError):
 def placeholder_text(call_id: str, tool: str) -> str:
     """The deterministic stand-in for a missing or unknown result (depends only on its inputs)."""
     return UNKNOWN_OUTCOME_TEXT.format(call_id=call_id, tool=tool)
+
+
+def late_receipt_text(call_id: str, content: str) -> str:
+    """The content of a reconciliation item: the real result, saying it arrived late."""
+    return LATE_RECEIPT_TEXT.format(call_id=call_id, content=content)
 
 
 def never_started_text(call_id: str, tool: str) -> str:
@@ -67,7 +73,7 @@ def repair_history(
     messages = [ProviderMessage(role="system", content=system_prompt)] if system_prompt is not None else []
     emitted: set[tuple[str, str]] = set()
     for item in ordered:
-        if item.kind == ItemKind.USER:
+        if item.kind in (ItemKind.USER, ItemKind.GOAL_PROMPT):  # a Goal's continuation prompt is user-role
             messages.append(ProviderMessage(role="user", content=item.content))
         elif item.kind in _RESPONSE_KINDS and _group_key(item) not in emitted:
             # The first item of a response (in seq order) fixes where the whole response goes.

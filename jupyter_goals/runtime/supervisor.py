@@ -30,7 +30,9 @@ class WorkerConfig:
 
 
 class Supervisor:
-    def __init__(self, count: int, config: WorkerConfig, on_exit: Callable[[str, int], Awaitable[None]]) -> None:
+    def __init__(self, count: int, config: WorkerConfig, on_exit: Callable[[str, int], Awaitable[bool | None]]) -> None:
+        """``on_exit`` recovers after a worker exit; it answers True when the death was charged to work
+        the worker ran (that work's own growing backoff then throttles it, so the worker comes back at once)."""
         self.count = count
         self.config = config
         self.on_exit = on_exit
@@ -68,12 +70,18 @@ class Supervisor:
                 return
             log.warning("worker %s exited with %s; recovering and restarting", worker_id, code)
             self.restarts += 1
+            charged: bool | None = False
             try:
-                await self.on_exit(worker_id, code)
+                charged = await self.on_exit(worker_id, code)
             except Exception:
                 log.exception("recovery after worker exit failed")
+            # a worker that dies running nothing (a broken start) backs off; one killed by the work it
+            # ran restarts at once, so a crash-looping item does not hold back every other session
+            if code == 0 or charged:
+                delay = 0.2
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0) if code != 0 else 0.2
+            if code != 0 and not charged:
+                delay = min(delay * 2, 10.0)
 
     def alive(self) -> list[dict[str, Any]]:
         return [{"worker_id": w, "pid": p.pid} for w, p in self.procs.items() if p.returncode is None]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import functools
 import glob as globlib
 import hashlib
 import inspect
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jupyter_goals.goals import tools as state_tools
+from jupyter_goals.goals.tools import StateImpl
 from jupyter_goals.identity import boot_id, process_start_time
 from jupyter_goals.models import Capability
 
@@ -31,7 +34,13 @@ MAX_OUTPUT = 20000
 @dataclass
 class ToolContext:
     cwd: str
-    effect_dir: Path
+    effects_root: Path
+    effect_id: str
+
+    @property
+    def effect_dir(self) -> Path:
+        """Where this call keeps its process files (built on demand: most tools never need it)."""
+        return self.effects_root / self.effect_id
 
 
 @dataclass
@@ -50,15 +59,18 @@ class ToolSpec:
     impl: ToolImpl
     description: str
     parameters: dict[str, Any] = field(default_factory=dict)
+    # a state tool's real implementation: it runs inside the turn's transaction (goals/tools.py)
+    state_impl: StateImpl | None = None
 
     @property
     def identity(self) -> str:
-        return f"{self.impl.__module__}:{self.impl.__qualname__}"
+        target: Any = self.state_impl or self.impl
+        return f"{target.__module__}:{target.__qualname__}"
 
     @property
     def digest(self) -> str:
         try:
-            source = inspect.getsource(self.impl)
+            source = inspect.getsource(self.state_impl or self.impl)
         except (OSError, TypeError):
             source = self.identity
         return hashlib.sha256(source.encode()).hexdigest()[:16]
@@ -218,8 +230,10 @@ async def shell(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     """Run ``command`` detached (own session); output and exit status go to files in the effect dir."""
     d = ctx.effect_dir
     d.mkdir(parents=True, exist_ok=True)
+    # the command starts only once its identity is on disk (the read returns when we close its stdin,
+    # or when we die): a command that kills its worker at once still leaves a reconnectable process
     wrapper = (
-        '( eval "$JG_COMMAND" ) > "$JG_DIR/stdout" 2> "$JG_DIR/stderr" < /dev/null; '
+        'read -r _; ( eval "$JG_COMMAND" ) > "$JG_DIR/stdout" 2> "$JG_DIR/stderr" < /dev/null; '
         'echo $? > "$JG_DIR/exit.tmp"; mv "$JG_DIR/exit.tmp" "$JG_DIR/exit"'
     )
     env = dict(os.environ, JG_COMMAND=str(args.get("command", "")), JG_DIR=str(d))
@@ -228,10 +242,12 @@ async def shell(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     # and this process must outlive a graceful worker exit to be reconnected. Spawning does not block.
     proc = subprocess.Popen(  # noqa: ASYNC220
         ["/bin/sh", "-c", wrapper], cwd=ctx.cwd, env=env, start_new_session=True,
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     (d / "proc.json.tmp").write_text(json.dumps({"pid": proc.pid, "start_time": process_start_time(proc.pid), "boot_id": boot_id()}))
     os.replace(d / "proc.json.tmp", d / "proc.json")
+    assert proc.stdin is not None
+    proc.stdin.close()  # release the command
     from jupyter_goals.faults import crash_point
 
     crash_point("tool.after_dispatch")
@@ -268,6 +284,41 @@ BUILTINS: list[ToolSpec] = [
     ToolSpec("edit_file", Capability.UNKNOWN, edit_file, "Replace text in a file.", {"path": _P, "old": _P, "new": _P}),
     ToolSpec("shell", Capability.UNKNOWN, shell, "Run a shell command.", {"command": _P}),
 ]
+
+
+async def in_transaction_only(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    """State tools never run here: the turn commits them with their effect record (``state_impl``)."""
+    return ToolResult("error: state tools run inside the turn's transaction", ok=False)
+
+
+BUILTINS += [
+    ToolSpec(name, Capability.STATE_TOOL, in_transaction_only, state_tools.SCHEMAS[name][0],
+             state_tools.SCHEMAS[name][1], state_impl=impl)
+    for name, impl in state_tools.IMPLS.items()
+]
+
+
+@functools.cache
+def _builtin_probes() -> frozenset[tuple[str, str]]:
+    return frozenset((t.identity, t.digest) for t in BUILTINS if t.capability in (Capability.READ_ONLY, Capability.STATE_PROBE))
+
+
+@functools.cache
+def _builtin_state_tools() -> frozenset[tuple[str, str, str]]:
+    return frozenset((t.name, t.identity, t.digest) for t in BUILTINS if t.state_impl is not None)
+
+
+def trusted_state_tool(spec: ToolSpec | None, eff: dict[str, Any]) -> bool:
+    """A built-in state tool, by the name, implementation identity and digest saved on the effect."""
+    return (spec is not None and spec.state_impl is not None
+            and (eff["tool"], eff["impl_identity"], eff["impl_digest"]) in _builtin_state_tools()
+            and (spec.identity, spec.digest) == (eff["impl_identity"], eff["impl_digest"]))
+
+
+def trusted_probe(identity: str, digest: str) -> bool:
+    """True only for the built-in read / grep / glob / list / probe functions, by the implementation
+    identity and source digest saved on the effect: never by a tool's name or a configured claim."""
+    return (identity, digest) in _builtin_probes()
 
 
 class ToolRegistry:

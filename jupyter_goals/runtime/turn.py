@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_goals.faults import crash_point
+from jupyter_goals.goals import lifecycle as goal_lifecycle
+from jupyter_goals.goals import steps as goal_steps
+from jupyter_goals.goals import tools as goal_tools
 from jupyter_goals.models import (
     Capability,
     EffectState,
@@ -26,10 +29,20 @@ from jupyter_goals.models import (
     Purpose,
     ReasonCode,
     TurnState,
+    Usage,
 )
 from jupyter_goals.providers.base import ProviderError, ProviderUnavailable, resolve_provider
 from jupyter_goals.recovery.repair import repair_history
-from jupyter_goals.runtime.tools import ToolContext, ToolRegistry, ToolResult, ToolSpec, wait_shell
+from jupyter_goals.runtime.permissions import CallFacts, check_call
+from jupyter_goals.runtime.tools import (
+    ToolContext,
+    ToolRegistry,
+    ToolResult,
+    ToolSpec,
+    trusted_probe,
+    trusted_state_tool,
+    wait_shell,
+)
 from jupyter_goals.store import control as c
 from jupyter_goals.store.db import Database, FencedError, Row, Tx
 
@@ -72,6 +85,7 @@ class TurnRunner:
         self.attempt = attempt
         self.aid: str = attempt["attempt_id"]
         self.gen: int = int(attempt["generation"])
+        self.effects_root = state_dir / "effects"
         self.state_dir = state_dir
         self.registry = registry
         self.default_model = default_model
@@ -95,6 +109,8 @@ class TurnRunner:
                 elif step.kind == "provider":
                     if not await self._provider_step():
                         return
+                elif step.kind in ("requirements", "verify") and not await self._goal_step(step.kind):
+                    return
         except FencedError as exc:
             log.info("attempt %s fenced: %s", self.aid, exc)
 
@@ -112,12 +128,18 @@ class TurnRunner:
                 return Step("reattach", effect=eff)
         for eff in effects:
             if eff["state"] == EffectState.PLANNED:
+                if trusted_state_tool(self.registry.get(eff["tool"]), eff) and goal_tools.runs_freely(
+                        tx, eff["tool"], work["work_id"]):
+                    return Step("dispatch", effect=eff)  # Goal-ledger writes, committed with their record
                 return self._permission_step(tx, work, eff)
         steer = c.pending_steer(tx, work["work_id"])
         for m in steer:
             c.append_item(tx, work["session_id"], ItemKind.USER, "user", m["text"], work_id=work["work_id"],
                           turn_id=turn_id, item_id=f"steer:{m['message_id']}")
             tx.execute("UPDATE messages SET consumed = 1 WHERE message_id = ?", (m["message_id"],))
+        goal_step = goal_steps.next_step(tx, work, self.attempt) if goal_steps.is_goal_work(work) else None
+        if goal_step is not None:
+            return Step("stop" if goal_step == "wait" else goal_step)
         last = tx.one(
             "SELECT kind, response_id FROM transcript WHERE turn_id = ? ORDER BY seq DESC LIMIT 1", (turn_id,)
         )
@@ -140,6 +162,9 @@ class TurnRunner:
             c.set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
 
     def _finish(self, tx: Tx, work: Row, turn_id: str) -> None:
+        if goal_steps.is_goal_work(work):  # a Goal goes on turn after turn: the turn-completion check decides
+            goal_steps.after_turn(tx, self.attempt, work, turn_id)
+            return
         c.end_turn(tx, work, turn_id, TurnState.COMMITTED, "completed")
         c.end_attempt(tx, self.attempt, "completed")
         # an ordinary request continues only until it finishes
@@ -150,51 +175,57 @@ class TurnRunner:
         c.set_phase(tx, work, Phase.DONE, ReasonCode.COMPLETED)
 
     def _permission_step(self, tx: Tx, work: Row, eff: Row) -> Step:
-        """Trusted read-only/state-probe tools run; otherwise allow rules, bypass, or an approval.
-
-        After unknown effects (a restricted turn) nothing but read-only/state-probe runs without a
-        one-time approval bound to this call and the digest of the unknown-effect set.
+        """Run, wait for an approval, or reject: ``check_call`` decides from the effect's saved
+        capability and implementation identity, the work item's permission scope and its unknown-effect
+        set (scoped to this work item). An approval is used only if it is bound to this call, its
+        arguments and the current unknown-effect set; a changed set needs a fresh approval.
         """
         spec = self.registry.get(eff["tool"])
-        capability = Capability(eff["capability"])
         if spec is None:
             return Step("dispatch", effect=eff)  # fails as unknown tool, recorded as a result
-        if capability in (Capability.READ_ONLY, Capability.STATE_PROBE):
+        facts = CallFacts(
+            tool=eff["tool"],
+            arguments=eff["arguments"],
+            capability=Capability(eff["capability"]),
+            trusted_probe=spec.identity == eff["impl_identity"] and trusted_probe(eff["impl_identity"], eff["impl_digest"]),
+        )
+        if facts.trusted_probe:
+            return Step("dispatch", effect=eff)  # built-in reads and probes run whatever else is known
+        try:
+            unknown = c.unknown_effect_set(tx, work["work_id"])
+        except Exception as exc:  # the recovery state cannot be read: reject the call, never dispatch it
+            self._reject_unreadable(tx, work, eff, exc)
+            return Step("stop")
+        verdict = check_call(facts, json.loads(work["permission_scope"]), self.cwd, unknown)
+        if verdict.run:
             return Step("dispatch", effect=eff)
-        turn = tx.one("SELECT restricted FROM turns WHERE turn_id = ?", (eff["turn_id"],))
-        unknown = c.unknown_effects(tx, work["work_id"]) if turn and turn["restricted"] else []
-        unknown_digest = c.digest([u["call_id"] for u in unknown]) if unknown else ""
-        perms = json.loads(work["permission_scope"])
-        if not unknown and (perms.get("mode") == "bypass" or eff["tool"] in perms.get("allow", [])):
-            return Step("dispatch", effect=eff)
+        unknown_digest = c.unknown_set_digest(unknown)
         approval = c.approval_for_call(tx, eff["call_id"])
-        if approval is not None and approval["unknown_set_digest"] == unknown_digest:
-            if approval["state"] == "approved":
-                return Step("dispatch", effect=eff, approval=approval)
-            if approval["state"] == "denied":
-                self._deny(tx, work, eff)
-                return self._next_step(tx)
-            if approval["state"] == "pending":
-                self._wait_for_approval(tx, work)
-                return Step("approval")
-        aid = c.new_id("apr")
-        reason = (
-            "An earlier write has an unknown outcome; this call needs your one-time approval."
-            if unknown
-            else f"{eff['tool']} is not allowed without approval in ask mode."
-        )
-        tx.execute(
-            "INSERT INTO approvals (approval_id, call_id, work_id, session_id, tool, arguments, arguments_digest,"
-            " capability, control_version, unknown_set_digest, unknown_set, state, reason, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-            (aid, eff["call_id"], work["work_id"], work["session_id"], eff["tool"], c.dumps(eff["arguments"]),
-             c.digest(eff["arguments"]), eff["capability"], work["control_version"], unknown_digest,
-             c.dumps([{"call_id": u["call_id"], "tool": u["tool"]} for u in unknown]), reason, time.time()),
-        )
-        c.emit(tx, "approval.requested", {"approval_id": aid, "call_id": eff["call_id"], "tool": eff["tool"]},
-               session_id=work["session_id"], work_id=work["work_id"])
+        if approval is not None and approval["arguments_digest"] == c.digest(eff["arguments"]):
+            if approval["unknown_set_digest"] == unknown_digest:
+                if approval["state"] == "approved":
+                    return Step("dispatch", effect=eff, approval=approval)
+                if approval["state"] == "denied":
+                    self._deny(tx, work, eff)
+                    return self._next_step(tx)
+                if approval["state"] == "pending":
+                    self._wait_for_approval(tx, work)
+                    return Step("approval")
+            elif approval["state"] in ("pending", "approved"):
+                c.supersede_approval(tx, approval, "Withdrawn because the set of calls with an unknown outcome changed;"
+                                     " a fresh approval is asked.")
+        c.request_approval(tx, work, eff, unknown, verdict.reason)
         self._wait_for_approval(tx, work)
         return Step("approval")
+
+    def _reject_unreadable(self, tx: Tx, work: Row, eff: Row, exc: Exception) -> None:
+        log.error("attempt %s: unknown-effect records unreadable; rejecting %s: %s", self.aid, eff["call_id"], exc)
+        c.end_attempt(tx, self.attempt, "recovery state unreadable")
+        c.emit(tx, "effect.rejected", {"call_id": eff["call_id"], "tool": eff["tool"],
+                                       "reason_code": str(ReasonCode.RECOVERY_STATE_UNREADABLE), "error": str(exc)[:300]},
+               session_id=work["session_id"], work_id=work["work_id"])
+        c.set_phase(tx, work, Phase.FAILED, ReasonCode.RECOVERY_STATE_UNREADABLE)
+        c.bump_commit_point(tx, work["work_id"])
 
     def _wait_for_approval(self, tx: Tx, work: Row) -> None:
         c.end_attempt(tx, self.attempt, "awaiting_approval")
@@ -210,12 +241,22 @@ class TurnRunner:
     # ------------------------------------------------------------------ tools
     def _spec_and_ctx(self, eff: Row) -> tuple[ToolSpec | None, ToolContext]:
         return self.registry.get(eff["tool"]), ToolContext(
-            cwd=self.cwd, effect_dir=self.state_dir / "effects" / eff["effect_id"]
+            cwd=self.cwd, effects_root=self.effects_root, effect_id=eff["effect_id"]
         )
 
     async def _dispatch(self, eff: Row, approval: Row | None) -> None:
         spec, ctx = self._spec_and_ctx(eff)
         crash_point("tool.before_dispatch")
+        if spec is not None and spec.state_impl is not None and trusted_state_tool(spec, eff):
+            impl = spec.state_impl
+
+            def state_tool(tx: Tx) -> None:
+                c.fence(tx, self.aid, self.gen)
+                work = c.get_work(tx, eff["work_id"])
+                goal_tools.commit_state_tool(tx, impl, work, eff, self.aid, work["host_name"], approval)
+
+            await self.db.run(state_tool)
+            return
 
         def dispatched(tx: Tx) -> None:
             c.fence(tx, self.aid, self.gen)
@@ -236,7 +277,6 @@ class TurnRunner:
                     raise FencedError(f"approval {approval['approval_id']} was already consumed")
             c.emit(tx, "effect.state", {"call_id": eff["call_id"], "tool": eff["tool"], "state": "dispatched"},
                    session_id=eff["session_id"], work_id=eff["work_id"])
-            c.bump_commit_point(tx, eff["work_id"])
 
         await self.db.run(dispatched)
         if spec is None:
@@ -272,10 +312,32 @@ class TurnRunner:
             c.append_item(tx, eff["session_id"], ItemKind.TOOL_RESULT, "tool", content, item_id=f"result:{eff['call_id']}",
                           work_id=eff["work_id"], turn_id=eff["turn_id"], call_id=eff["call_id"], tool=eff["tool"],
                           state=str(state))
-            c.bump_commit_point(tx, eff["work_id"])
 
         await self.db.run(commit)
         crash_point("tool.after_result_commit")
+
+    # ------------------------------------------------------------------ goal steps
+    async def _goal_step(self, kind: str) -> bool:
+        """Requirements extraction or acceptance (goals/steps.py); False when the attempt ended."""
+        read_tools = {name: spec for name, spec in self.registry.tools.items()
+                      if spec.capability in (Capability.READ_ONLY, Capability.STATE_PROBE)
+                      and trusted_probe(spec.identity, spec.digest)}
+
+        async def run_read_tool(name: str, args: dict[str, Any]) -> str:
+            ctx = ToolContext(cwd=self.cwd, effects_root=self.effects_root, effect_id="acceptance")
+            return (await read_tools[name].impl(ctx, args)).content
+
+        ctx = goal_steps.StepContext(self.db, self.attempt, self.gen, self.cwd, self.default_model,
+                                     [s.schema() for s in read_tools.values()], run_read_tool)
+        try:
+            if kind == "requirements":
+                await goal_steps.extract_requirements(ctx)
+                return True
+            return await goal_steps.verify(ctx)
+        except goal_steps.StepProviderFault as exc:
+            fault = exc
+        await self.db.run(lambda tx: self._provider_failed(tx, fault.request_id, fault.error, fault.code, fault.status))
+        return False
 
     # ------------------------------------------------------------------ provider
     async def _provider_step(self) -> bool:
@@ -286,34 +348,48 @@ class TurnRunner:
             items = c.transcript(tx, work["session_id"])
             request_id = c.new_id("req")
             model = session["model"] or self.default_model
-            tx.execute(
-                "INSERT INTO requests (request_id, session_id, work_id, turn_id, attempt_id, purpose, model, state,"
-                " created_at) VALUES (?, ?, ?, ?, ?, 'work', ?, 'sent', ?)",
-                (request_id, work["session_id"], work["work_id"], self.attempt["turn_id"], self.aid, model, time.time()),
-            )
+            goal = goal_lifecycle.attribute(tx, work)  # goal_id + revision fixed before dispatch
+            c.record_request(tx, work, request_id=request_id, attempt_id=self.aid, turn_id=self.attempt["turn_id"],
+                             purpose=Purpose.WORK.value, model=model)
             req = ProviderRequest(
                 request_id=request_id,
                 purpose=Purpose.WORK,
                 messages=repair_history(items, SYSTEM_PROMPT),
                 tools=self.registry.schemas(),
+                goal_objective=goal["objective"] if goal else None,
             )
             return req, work, session
 
         request, work, session = await self.db.run(prepare)
         model = session["model"] or self.default_model
         crash_point("provider.before_request")
+        watermark: list[Usage] = []  # the last cumulative usage snapshot of this request (replaced, never summed)
+
+        def on_usage(usage: Usage) -> None:
+            watermark[:] = [usage]
+
+        answered = True  # the provider answered (an HTTP error, or nothing sent at all): nothing consumed
         try:
             provider = resolve_provider(model)
-            response = await provider.complete(request)
+            response = await provider.complete(request, on_usage=on_usage)
         except ProviderUnavailable as unavailable:
             error, code, status = str(unavailable), unavailable.reason_code, None
         except ProviderError as fault:
-            error, status = str(fault), fault.status
+            error, status, answered = str(fault), fault.status, fault.status is not None
             code = ReasonCode.PROVIDER_RETRYING if fault.retryable else ReasonCode.PROVIDER_FAILED
         else:
             error = ""
         if error:
-            await self.db.run(lambda tx: self._provider_failed(tx, request.request_id, error, code, status))
+            used = watermark[0] if watermark else (Usage(input_tokens=0, output_tokens=0) if answered else None)
+
+            def failed(tx: Tx) -> None:
+                if used is None:
+                    c.lose_request(tx, request.request_id, error)
+                else:  # a stream lost after a usage snapshot consumed at least that much: a lower bound
+                    c.settle_request(tx, request.request_id, used.model_dump(), error=error, partial=bool(watermark))
+                self._provider_failed(tx, request.request_id, error, code, status)
+
+            await self.db.run(failed)
             return False
         crash_point("provider.after_response")
         await self.db.run(lambda tx: self._commit_response(tx, work, request, response, model))
@@ -322,18 +398,17 @@ class TurnRunner:
 
     def _provider_failed(self, tx: Tx, request_id: str, error: str, code: ReasonCode, status: int | None) -> None:
         c.fence(tx, self.aid, self.gen)
-        tx.execute("UPDATE requests SET state = 'failed', error = ?, ended_at = ? WHERE request_id = ?",
-                   (error[:500], time.time(), request_id))
         work = c.get_work(tx, self.attempt["work_id"])
         c.end_attempt(tx, self.attempt, f"provider: {error}"[:200])
         if code == ReasonCode.PROVIDER_RETRYING:
             failures = int(tx.scalar(
-                "SELECT COUNT(*) AS n FROM requests WHERE turn_id = ? AND state = 'failed'", (self.attempt["turn_id"],)
+                "SELECT COUNT(*) AS n FROM requests WHERE turn_id = ? AND state IN ('failed', 'lost')",
+                (self.attempt["turn_id"],)
             ) or 1)
             delay = retry_delay(failures, self.retry_base_s)
             tx.execute("UPDATE work_items SET next_attempt_at = ? WHERE work_id = ?", (time.time() + delay, work["work_id"]))
             c.set_phase(tx, work, Phase.WAITING, code,
-                        f"The model provider had a temporary fault ({status or 'connection lost'}); retry {failures} in {delay:.0f} s.")
+                        f"The model provider had a temporary fault ({status or 'connection lost'}); retry {failures} in {delay:.1f} s.")
         else:
             c.set_phase(tx, work, Phase.FAILED, code, f"The model provider failed: {error}")
         c.bump_commit_point(tx, work["work_id"])
@@ -350,10 +425,10 @@ class TurnRunner:
         for i, call in enumerate(response.tool_calls):
             call_id = f"{request.request_id}:{i}"
             spec = self.registry.get(call.name)
-            c.append_item(tx, work["session_id"], ItemKind.TOOL_CALL, "assistant", "", item_id=f"call:{call_id}",
-                          work_id=work["work_id"], turn_id=turn_id, call_id=call_id, provider_call_id=call.id,
-                          response_id=response_id, tool=call.name, arguments=call.arguments)
-            seq = c.next_counter(tx, "transcript_seq")
+            seq = c.append_item(tx, work["session_id"], ItemKind.TOOL_CALL, "assistant", "", item_id=f"call:{call_id}",
+                                work_id=work["work_id"], turn_id=turn_id, call_id=call_id, provider_call_id=call.id,
+                                response_id=response_id, tool=call.name, arguments=call.arguments)
+            assert seq is not None  # a new call id
             tx.execute(
                 "INSERT INTO effects (effect_id, call_id, work_id, turn_id, session_id, tool, arguments, capability,"
                 " impl_identity, impl_digest, state, created_at, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned', ?, ?)",
@@ -361,11 +436,5 @@ class TurnRunner:
                  str(spec.capability if spec else Capability.UNKNOWN), spec.identity if spec else "",
                  spec.digest if spec else "", now, seq),
             )
-        tx.execute("UPDATE requests SET state = 'received', ended_at = ? WHERE request_id = ?", (now, request.request_id))
-        c.enqueue_outbox(tx, f"receipt:{request.request_id}", "usage.receipt", {
-            "request_id": request.request_id, "session_id": work["session_id"], "work_id": work["work_id"],
-            "turn_id": turn_id, "purpose": request.purpose.value, "provider": model.partition(":")[0], "model": model,
-            "usage": response.usage.model_dump() if response.usage else None, "created_at": now,
-        })
+        c.settle_request(tx, request.request_id, response.usage.model_dump() if response.usage else None)
         tx.execute("UPDATE work_items SET next_attempt_at = 0 WHERE work_id = ?", (work["work_id"],))
-        c.bump_commit_point(tx, work["work_id"])

@@ -37,7 +37,7 @@ class GoalsApp(ExtensionApp):
     reconcile_interval_s = Float(5.0, help="The Coordinator's periodic full reconcile tick in seconds.").tag(config=True)
     price_table = Unicode("", help="Path of a price table (JSON).").tag(config=True)
     trusted_tools = Dict(help="Extra tools by implementation identity: {name: {impl: 'module:qualname', capability}}.").tag(config=True)
-    max_recovery_attempts = Int(5, help="Consecutive executor deaths before a work item is failed.").tag(config=True)
+    max_recovery_attempts = Int(5, help="Recoveries allowed in a row after executor deaths charged to a work item; the next death fails it.").tag(config=True)
     recovery_backoff_s = Float(1.0, help="Base of the growing backoff between repeated recoveries.").tag(config=True)
     provider_retry_base_s = Float(1.0, help="Base of the durable backoff after a temporary provider fault.").tag(config=True)
     shutdown_timeout_s = Float(10.0, help="Bound on graceful shutdown.").tag(config=True)
@@ -68,6 +68,7 @@ class GoalsApp(ExtensionApp):
             max_recovery_attempts=self.max_recovery_attempts,
             recovery_backoff_s=self.recovery_backoff_s,
             retry_base_s=self.provider_retry_base_s,
+            price_table=self.price_table,
         )
 
     def initialize_settings(self) -> None:

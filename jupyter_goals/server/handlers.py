@@ -20,7 +20,18 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from pydantic import BaseModel, ValidationError
 from tornado.iostream import StreamClosedError
 
-from jupyter_goals.models import ApprovalDecision, CreateSession, GlobalAction, PostMessage, SessionAction
+from jupyter_goals.goals.rules import InvalidGoalChange
+from jupyter_goals.models import (
+    ApprovalDecision,
+    CreateGoal,
+    CreateSession,
+    GlobalAction,
+    GoalAction,
+    PostMessage,
+    SessionAction,
+    UpdateGoal,
+    UpdateSession,
+)
 from jupyter_goals.server.service import Degraded, GoalsService
 from jupyter_goals.store.db import FencedError, NotFound, StorageUnavailable, VersionConflict
 
@@ -40,6 +51,8 @@ def error_status(exc: BaseException) -> tuple[int, str]:
         return exc.status, exc.code
     if isinstance(exc, NotFound):
         return 404, "not_found"
+    if isinstance(exc, InvalidGoalChange):
+        return 400, "bad_request"
     if isinstance(exc, (VersionConflict, FencedError)):
         return 409, "conflict"
     if isinstance(exc, Degraded):
@@ -139,6 +152,13 @@ class SessionHandler(GoalsHandler):
         limit = max(1, min(self.int_arg("limit", 500), 5000))
         self.finish(await self.service.snapshot(session_id, after, limit))
 
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def patch(self, session_id: str) -> None:
+        body = self.body(UpdateSession)
+        self.finish(await self.service.update_session(session_id, body))
+
 
 class MessagesHandler(GoalsHandler):
     @tornado.web.authenticated
@@ -189,6 +209,20 @@ class ApprovalHandler(GoalsHandler):
         self.finish(await self.service.decide_approval(approval_id, body.decision))
 
 
+class UsageHandler(GoalsHandler):
+    """``GET /usage?session_id=|goal_id=``: known cost and tokens, unknowns, estimate, active time."""
+
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def get(self) -> None:
+        session_id = self.get_argument("session_id", None)
+        goal_id = self.get_argument("goal_id", None)
+        if bool(session_id) == bool(goal_id):
+            raise ApiError(400, "bad_request", "give exactly one of session_id or goal_id")
+        self.finish(await self.service.usage_answer(session_id, goal_id))
+
+
 class EventsHandler(GoalsHandler):
     """``GET /events?after=SEQ``: Server-Sent Events (``id:`` = seq, honours Last-Event-ID), or
     ``&format=json&limit=N`` → ``{events, last_seq}``."""
@@ -237,9 +271,67 @@ class EventsHandler(GoalsHandler):
                 idle += 0.25
 
 
+class GoalsCollectionHandler(GoalsHandler):
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def get(self) -> None:
+        self.finish(await self.service.list_goals(self.get_argument("session_id", None)))
+
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def post(self) -> None:
+        body = self.body(CreateGoal)
+        answer = await self.service.create_goal(body)
+        self.set_status(201)
+        self.finish(answer)
+
+
+class GoalHandler(GoalsHandler):
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def get(self, goal_id: str) -> None:
+        self.finish(await self.service.get_goal(goal_id))
+
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def patch(self, goal_id: str) -> None:
+        body = self.body(UpdateGoal)
+        self.finish(await self.service.update_goal(goal_id, body))
+
+
+class GoalActionsHandler(GoalsHandler):
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def post(self, goal_id: str) -> None:
+        body = self.body(GoalAction)
+        self.finish(await self.service.goal_action(goal_id, body))
+
+
+class SessionHistoryHandler(GoalsHandler):
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def get(self, session_id: str) -> None:
+        self.finish(await self.service.goal_history(session_id))
+
+
+class HistoryRecordHandler(GoalsHandler):
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def get(self, record_id: str) -> None:
+        self.finish(await self.service.history_record(record_id))
+
+
 def handlers(base: str) -> list[tuple[str, type[GoalsHandler]]]:
     p = base.rstrip("/") + "/api/goals"
     sid = r"(?P<session_id>[A-Za-z0-9_\-]+)"
+    gid = r"(?P<goal_id>[A-Za-z0-9_\-]+)"
     return [
         (p + "/health", HealthHandler),
         (p + "/sessions", SessionsHandler),
@@ -250,4 +342,10 @@ def handlers(base: str) -> list[tuple[str, type[GoalsHandler]]]:
         (p + "/approvals", ApprovalsHandler),
         (p + r"/approvals/(?P<approval_id>[A-Za-z0-9_\-]+)", ApprovalHandler),
         (p + "/events", EventsHandler),
+        (p + "/usage", UsageHandler),
+        (p + "/goals", GoalsCollectionHandler),
+        (p + f"/goals/{gid}", GoalHandler),
+        (p + f"/goals/{gid}/actions", GoalActionsHandler),
+        (p + f"/sessions/{sid}/history", SessionHistoryHandler),
+        (p + r"/history/(?P<record_id>[A-Za-z0-9_\-]+)", HistoryRecordHandler),
     ]

@@ -15,19 +15,27 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_goals import faults
+from jupyter_goals.goals import lifecycle as goal_lifecycle
 from jupyter_goals.identity import boot_id, host_name
 from jupyter_goals.models import (
+    REASON_TEXT,
     Actions,
+    CreateGoal,
     CreateSession,
     DesiredState,
+    GoalAction,
     Phase,
     PostMessage,
     ReasonCode,
+    UpdateGoal,
+    UpdateSession,
 )
+from jupyter_goals.prices import PriceTable, PriceTableError, load_price_table
 from jupyter_goals.recovery.coordinator import Coordinator
 from jupyter_goals.runtime.supervisor import Supervisor, WorkerConfig
 from jupyter_goals.runtime.tools import ToolRegistry
 from jupyter_goals.store import control as c
+from jupyter_goals.store import goals as goal_store
 from jupyter_goals.store import usage as u
 from jupyter_goals.store.db import Database, MigrationFailed, Row, StorageUnavailable, Tx
 from jupyter_goals.store.events import EventTail
@@ -60,6 +68,7 @@ class ServiceConfig:
     max_recovery_attempts: int = 5
     recovery_backoff_s: float = 1.0
     retry_base_s: float = 1.0
+    price_table: str = ""
 
 
 def actions_for(work: Row | None) -> Actions:
@@ -69,7 +78,7 @@ def actions_for(work: Row | None) -> Actions:
     phase, desired = work["phase"], work["desired_state"]
     ended = phase in (Phase.DONE, Phase.CANCELLED)
     return Actions(
-        can_pause=not ended and desired == DesiredState.RUN and phase != Phase.FAILED,
+        can_pause=not ended and desired == DesiredState.RUN,
         can_resume=not ended and desired == DesiredState.PAUSED,
         can_end=not ended,
         can_retry=not ended and (phase == Phase.FAILED or work["reason_code"] == ReasonCode.PROVIDER_RETRYING),
@@ -94,11 +103,22 @@ class GoalsService:
             max_recovery_attempts=config.max_recovery_attempts,
             recovery_backoff_s=config.recovery_backoff_s,
         )
-        self.outbox = OutboxDispatcher(self.control, self.usage)
+        self.price_error: str | None = None
+        try:
+            prices = load_price_table(config.price_table or None)
+        except PriceTableError as exc:  # shown in health; every cost stays unknown rather than guessed
+            self.price_error = str(exc)
+            log.error("jupyter_goals: %s", exc)
+            prices = PriceTable.parse(b'{"version": "unreadable", "models": {}}')
+        self.prices = prices
+        self.outbox = OutboxDispatcher(self.control, self.usage, prices)
         self.event_tail = EventTail(self.control)
         self.supervisor: Supervisor | None = None
         self.degraded: Degraded | None = None
         self.usage_degraded: str | None = None
+        self.started = False  # the schema is migrated (or the store is degraded)
+        self.usage_ready = False  # usage.db is migrated; until then receipts wait in the outbox
+        self._usage_retry_at = 0.0
         self.last_recovery: dict[str, Any] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -108,19 +128,55 @@ class GoalsService:
     async def start(self) -> None:
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         faults.configure(self.config.state_dir)
+        await self._migrate_usage()
+        if not await self._migrate_control():
+            log.error("jupyter_goals degraded: %s", self.degraded)
+            self.started = True
+            if self.degraded is not None and self.degraded.code == ReasonCode.STORAGE_UNAVAILABLE:
+                # a locked or briefly unreadable file heals by itself; a schema problem needs a person
+                self._tasks.append(asyncio.create_task(self._retry_start()))
+            return
+        await self._run()
+
+    async def _migrate_control(self) -> bool:
         try:
             await asyncio.to_thread(migrate, self.control, "control")
         except MigrationFailed as exc:
             self.degraded = Degraded(ReasonCode.MIGRATION_FAILED, str(exc))
         except StorageUnavailable as exc:
             self.degraded = Degraded(ReasonCode.STORAGE_UNAVAILABLE, str(exc))
+        else:
+            self.degraded = None
+        return self.degraded is None
+
+    async def _migrate_usage(self) -> bool:
         try:
             await asyncio.to_thread(migrate, self.usage, "usage")
         except (MigrationFailed, StorageUnavailable) as exc:
             self.usage_degraded = str(exc)  # chat goes on; receipts wait in the outbox
-        if self.degraded is not None:
-            log.error("jupyter_goals degraded: %s", self.degraded)
-            return
+            self._usage_retry_at = time.monotonic() + 5.0
+            return False
+        try:
+            await self.usage.run(lambda tx: u.record_prices(tx, self.prices))
+        except StorageUnavailable as exc:
+            self.usage_degraded = str(exc)
+            self._usage_retry_at = time.monotonic() + 5.0
+            return False
+        self.usage_ready = True
+        return True
+
+    async def _retry_start(self) -> None:
+        delay = 1.0
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+            if await self._migrate_control():
+                log.info("jupyter_goals: control store readable again; starting")
+                await self._run()
+                return
+
+    async def _run(self) -> None:
+        self.started = True  # input and controls sent during recovery are accepted and win over old continuations
         await self.recover()
         if self.config.workers > 0:
             self.supervisor = Supervisor(
@@ -163,8 +219,10 @@ class GoalsService:
         self.last_recovery = {"at": time.time(), **report.as_dict()}
         return self.last_recovery
 
-    async def _worker_exited(self, worker_id: str, code: int) -> None:
-        await self.recover()
+    async def _worker_exited(self, worker_id: str, code: int) -> bool:
+        """Recover at once; True when the death was charged to work that worker ran."""
+        report = await self.recover()
+        return worker_id in report.get("charged", {}).values()
 
     def wake(self) -> None:
         self._wake.set()
@@ -194,8 +252,9 @@ class GoalsService:
     async def _outbox_loop(self) -> None:
         while True:
             try:
-                await self.outbox.dispatch_due()
-                self.usage_degraded = None
+                if self.usage_ready or (time.monotonic() >= self._usage_retry_at and await self._migrate_usage()):
+                    await self.outbox.dispatch_due()
+                    self.usage_degraded = self.outbox.last_error
             except Exception as exc:
                 self.usage_degraded = str(exc)
             await asyncio.sleep(0.2)
@@ -204,6 +263,8 @@ class GoalsService:
     def check(self) -> None:
         if self.degraded is not None:
             raise self.degraded
+        if not self.started:  # requests that arrive while the schema is migrated: 503, not a missing table
+            raise Degraded(ReasonCode.STARTING, REASON_TEXT[ReasonCode.STARTING])
 
     # ------------------------------------------------------------------ queries
     async def health(self) -> dict[str, Any]:
@@ -216,9 +277,11 @@ class GoalsService:
         if self.usage_degraded:
             databases["usage"]["error"] = {"code": "storage_unavailable", "message": self.usage_degraded}
         status = "ok" if self.degraded is None and self.usage_degraded is None else "degraded"
+        if self.degraded is None and not self.started:
+            status = "starting"
         return {
             "status": status,
-            "reason_code": self.degraded.code.value if self.degraded else "",
+            "reason_code": self.degraded.code.value if self.degraded else ("" if self.started else "starting"),
             "databases": databases,
             "workers": self.supervisor.alive() if self.supervisor else [],
             "recovery": self.last_recovery,
@@ -257,12 +320,13 @@ class GoalsService:
             items = c.transcript(tx, session_id, after, limit + 1)
             more = len(items) > limit
             items = items[:limit]
-            approvals = [a for a in c.list_approvals(tx, "pending") if a["session_id"] == session_id]
+            approvals = c.list_approvals(tx, "pending", session_id)
+            goal = goal_store.current_goal(tx, session_id)  # the composer shows the current Goal only
             return {
                 "session": _session_view(s),
                 "work": c.work_view(work) if work else None,
-                "goal": None,
-                "todo": [],
+                "goal": goal_lifecycle.view(tx, goal) if goal else None,
+                "todo": goal_store.get_todo(tx, session_id)[0],
                 "approvals": approvals,
                 "transcript": {
                     "items": [i.model_dump() for i in items],
@@ -276,11 +340,43 @@ class GoalsService:
         snap["usage"] = await self.usage_summary(session_id=session_id)
         return snap
 
-    async def usage_summary(self, session_id: str | None = None) -> dict[str, Any]:
+    async def usage_summary(self, session_id: str | None = None, goal_id: str | None = None) -> dict[str, Any]:
+        """The ledger's totals (usage.db) beside active time (control.db's attempt records).
+
+        usage.db being unreadable never blocks chat: the answer says so, and the receipts wait in
+        the outbox until it is readable again."""
+        active = await self.control.run(
+            lambda tx: c.active_time(tx, session_id=session_id, goal_id=goal_id), write=False
+        )
         try:
-            return await self.usage.run(lambda tx: u.summary(tx, session_id=session_id), write=False)
+            ledger = await self.usage.run(
+                lambda tx: u.summary(tx, session_id=session_id, goal_id=goal_id), write=False
+            )
         except Exception as exc:
-            return {"error": "storage_unavailable", "display": f"Usage temporarily unavailable: {exc}"}
+            ledger = {"error": "storage_unavailable", "known_cost_usd": None, "estimated_cost_usd": None,
+                      "known_tokens": None, "unknown_usage_requests": None,
+                      "display": f"Usage temporarily unavailable (usage.db: {exc}); receipts are kept and counted later."}
+        pending = await self.control.run(c.pending_outbox_count, write=False)
+        return {**ledger, **active, "ledger_writes_pending": pending, "price_version": self.prices.version}
+
+    async def usage_answer(self, session_id: str | None, goal_id: str | None) -> dict[str, Any]:
+        self.check()
+        if session_id:
+            await self.control.run(lambda tx: c.get_session(tx, session_id), write=False)  # 404 when unknown
+        elif goal_id and not await self.control.run(
+            lambda tx: tx.one("SELECT request_id FROM requests WHERE goal_id = ? LIMIT 1", (goal_id,)), write=False
+        ) and not await self._goal_exists(goal_id):
+            raise c.NotFound(f"goal {goal_id} not found")
+        return await self.usage_summary(session_id=session_id, goal_id=goal_id)
+
+    async def _goal_exists(self, goal_id: str) -> bool:
+        def run(tx: Tx) -> bool:
+            try:
+                return tx.one("SELECT goal_id FROM goals WHERE goal_id = ?", (goal_id,)) is not None
+            except Exception:  # no goals table in this schema
+                return False
+
+        return await self.control.run(run, write=False)
 
     async def post_message(self, session_id: str, body: PostMessage) -> tuple[dict[str, Any], bool]:
         self.check()
@@ -288,7 +384,8 @@ class GoalsService:
 
         def run(tx: Tx) -> tuple[Row, bool]:
             s = c.get_session(tx, session_id)
-            return c.accept_message(tx, s, body.text, body.client_request_id, body.delivery,
+            delivery = goal_lifecycle.message_delivery(tx, session_id, body.delivery)  # user input outranks continuation
+            return c.accept_message(tx, s, body.text, body.client_request_id, delivery,
                                     auto_recover=self.config.auto_recover, host=host_name())
 
         msg, created = await self.control.run(run)
@@ -309,12 +406,23 @@ class GoalsService:
                 for other in tx.all("SELECT * FROM work_items WHERE session_id = ? AND phase NOT IN ('done', 'cancelled')"
                                     " AND work_id != ?", (session_id, work["work_id"])):
                     c.apply_control(tx, other, "stop", None)
-            return c.apply_control(tx, work, action, expected)
+                    goal_lifecycle.sync_with_work(tx, other, "stop")
+            work = c.apply_control(tx, work, action, expected)
+            goal_lifecycle.sync_with_work(tx, work, action)  # a Goal's work item moves its Goal too
+            return work
 
         work = await self.control.run(run)
         self.wake()
         return {"work_id": work["work_id"], "control_version": work["control_version"],
                 "desired_state": work["desired_state"], "phase": work["phase"]}
+
+    async def update_session(self, session_id: str, body: UpdateSession) -> dict[str, Any]:
+        """Change the permission scope; unfinished work follows it and pending approvals are voided."""
+        self.check()
+        perms = body.permissions.model_dump()
+        await self.control.run(lambda tx: c.change_permissions(tx, session_id, perms, body.expected_control_version))
+        self.wake()
+        return await self.snapshot(session_id)
 
     async def stop_all(self) -> dict[str, Any]:
         self.check()
@@ -335,6 +443,73 @@ class GoalsService:
     async def events(self, after: int, limit: int) -> dict[str, Any]:
         self.check()
         return await self.event_tail.after(after, limit)
+
+
+    # ------------------------------------------------------------------ goals
+    async def _goal_answer(self, fn: Any, write: bool = False) -> dict[str, Any]:
+        """Run ``fn(tx) -> goal row`` and answer the goal view with its usage."""
+        view = await self.control.run(lambda tx: goal_lifecycle.view(tx, fn(tx)), write=write)
+        view["usage"] = await self.usage_summary(goal_id=view["goal_id"])
+        return view
+
+    async def create_goal(self, body: CreateGoal) -> dict[str, Any]:
+        """Commit the objective, requirements, budget and the Goal's work item before answering 201."""
+        self.check()
+        faults.crash_point("input.before_accept")
+        budget = body.budget.model_dump(exclude_none=True) if body.budget else {}
+
+        def run(tx: Tx) -> Row:
+            session = c.get_session(tx, body.session_id)
+            return goal_lifecycle.create(tx, session, body.objective, body.requirements, budget, host=host_name(),
+                                         auto_recover=self.config.auto_recover)
+
+        answer = await self._goal_answer(run, write=True)
+        faults.crash_point("input.after_accept")
+        self.wake()
+        return answer
+
+    async def get_goal(self, goal_id: str) -> dict[str, Any]:
+        self.check()
+        return await self._goal_answer(lambda tx: goal_store.get_goal(tx, goal_id))
+
+    async def list_goals(self, session_id: str | None) -> dict[str, Any]:
+        self.check()
+
+        def run(tx: Tx) -> list[dict[str, Any]]:
+            if session_id:
+                c.get_session(tx, session_id)  # 404 when unknown
+            return [goal_lifecycle.view(tx, goal) for goal in goal_store.list_goals(tx, session_id)]
+
+        return {"goals": await self.control.run(run, write=False)}
+
+    async def update_goal(self, goal_id: str, body: UpdateGoal) -> dict[str, Any]:
+        self.check()
+        budget = body.budget.model_dump(exclude_none=True) if body.budget else None
+        answer = await self._goal_answer(lambda tx: goal_lifecycle.revise(
+            tx, goal_id, body.expected_revision, objective=body.objective, requirements=body.requirements,
+            budget=budget, reason=body.reason), write=True)
+        self.wake()
+        return answer
+
+    async def goal_action(self, goal_id: str, body: GoalAction) -> dict[str, Any]:
+        self.check()
+        answer = await self._goal_answer(
+            lambda tx: goal_lifecycle.act(tx, goal_id, body.action, body.expected_revision), write=True)
+        self.wake()
+        return answer
+
+    async def goal_history(self, session_id: str) -> dict[str, Any]:
+        self.check()
+
+        def run(tx: Tx) -> list[Row]:
+            c.get_session(tx, session_id)
+            return goal_store.history(tx, session_id)
+
+        return {"records": await self.control.run(run, write=False)}
+
+    async def history_record(self, record_id: str) -> dict[str, Any]:
+        self.check()
+        return dict(await self.control.run(lambda tx: goal_store.history_record(tx, record_id), write=False))
 
 
 def _session_view(s: Row) -> dict[str, Any]:

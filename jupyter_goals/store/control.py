@@ -31,8 +31,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
 
 
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))  # built once: dumps() is on the hot path
+
+
 def dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return _ENCODER.encode(value)
 
 
 def digest(value: Any) -> str:
@@ -53,11 +56,11 @@ def next_counter(tx: Tx, name: str) -> int:
 
 
 def emit(tx: Tx, kind: str, payload: dict[str, Any], session_id: str | None = None, work_id: str | None = None) -> int:
-    seq = next_counter(tx, "event_seq")
-    tx.execute(
-        "INSERT INTO events (seq, ts, session_id, work_id, kind, payload) VALUES (?, ?, ?, ?, ?, ?)",
-        (seq, time.time(), session_id, work_id, kind, dumps(payload)),
+    seq = tx.insert_seq(
+        "events", "event_seq", ("ts", "session_id", "work_id", "kind", "payload"),
+        (time.time(), session_id, work_id, kind, dumps(payload)),
     )
+    assert seq is not None
     return seq
 
 
@@ -72,7 +75,7 @@ def events_after(tx: Tx, after: int, limit: int) -> list[Row]:
 
 
 def last_event_seq(tx: Tx) -> int:
-    return int(tx.scalar("SELECT value FROM counters WHERE name = 'event_seq'") or 0)
+    return tx.last_seq("events", "event_seq")
 
 
 # --------------------------------------------------------------------------- sessions
@@ -117,6 +120,8 @@ def work_view(row: Row) -> dict[str, Any]:
         "reason_code": row["reason_code"],
         "reason": row["reason"],
         "control_version": row["control_version"],
+        # while waiting: the durable retry time (provider or recovery backoff) holding the work back
+        "retry_at": float(row["next_attempt_at"]) if row["phase"] == Phase.WAITING and row.get("next_attempt_at") else None,
     }
 
 
@@ -250,7 +255,7 @@ def apply_control(tx: Tx, work: Row, action: str, expected_version: int | None) 
     now = time.time()
     tx.execute(
         "UPDATE work_items SET desired_state = ?, control_version = ?, updated_at = ?, recovery_attempts ="
-        " CASE WHEN ? = 'retry' THEN 0 ELSE recovery_attempts END, next_attempt_at ="
+        " CASE WHEN ? IN ('retry', 'resume') THEN 0 ELSE recovery_attempts END, next_attempt_at ="
         " CASE WHEN ? IN ('retry', 'resume') THEN 0 ELSE next_attempt_at END WHERE work_id = ?",
         (desired, version, now, action, action, work["work_id"]),
     )
@@ -262,6 +267,15 @@ def apply_control(tx: Tx, work: Row, action: str, expected_version: int | None) 
         session_id=work["session_id"],
         work_id=work["work_id"],
     )
+    if desired != DesiredState.RUN:
+        # an attempt admitted but not yet claimed by a worker would only hold a quota slot until claimed
+        n = tx.execute(
+            "UPDATE attempts SET state = 'ended', ended_at = ?, end_reason = 'control' WHERE work_id = ?"
+            " AND state = 'admitted'",
+            (now, work["work_id"]),
+        )
+        if n:
+            bump_commit_point(tx, work["work_id"])
     live = tx.scalar(
         "SELECT COUNT(*) AS n FROM attempts WHERE work_id = ? AND state IN ('admitted', 'running')", (work["work_id"],)
     )
@@ -273,7 +287,8 @@ def apply_control(tx: Tx, work: Row, action: str, expected_version: int | None) 
         set_phase(tx, work, work["phase"], ReasonCode.USER_STOPPED)
     elif desired == DesiredState.RUN and not live:
         set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
-    invalidate_approvals(tx, work["work_id"], f"invalidated by {action}")
+    code, sentence = INVALIDATION_REASONS[action]
+    invalidate_approvals(tx, work["work_id"], sentence, code)
     return work
 
 
@@ -291,6 +306,36 @@ def stop_all(tx: Tx) -> list[str]:
     for work in rows:
         apply_control(tx, work, "stop", None)
     return [r["work_id"] for r in rows]
+
+
+def change_permissions(tx: Tx, session_id: str, permissions: dict[str, Any], expected_version: int | None) -> Row:
+    """Save a session's new permission scope and carry it to its unfinished work items.
+
+    Each such item gets the new scope and a bumped ``control_version`` (a running attempt yields at
+    its next step and is re-admitted under the new scope); pending approvals are invalidated with
+    reason ``permission_revoked``. ``expected_version`` is checked against the session's current work.
+    """
+    session = get_session(tx, session_id)
+    current = current_work(tx, session_id)
+    if expected_version is not None and (current is None or int(current["control_version"]) != expected_version):
+        have = None if current is None else current["control_version"]
+        raise VersionConflict(f"control_version is {have}, not {expected_version}; reload and try again")
+    now = time.time()
+    tx.execute("UPDATE sessions SET permissions = ?, updated_at = ? WHERE session_id = ?",
+               (dumps(permissions), now, session_id))
+    emit(tx, "session.permissions", {"permissions": permissions}, session_id=session_id)
+    code, sentence = INVALIDATION_REASONS["permissions"]
+    for work in tx.all("SELECT * FROM work_items WHERE session_id = ? AND phase NOT IN ('done', 'cancelled')", (session_id,)):
+        version = int(work["control_version"]) + 1
+        tx.execute("UPDATE work_items SET permission_scope = ?, control_version = ?, updated_at = ? WHERE work_id = ?",
+                   (dumps(permissions), version, now, work["work_id"]))
+        work["control_version"] = version
+        emit(tx, "work.control", {"action": "permissions", "desired_state": work["desired_state"], "control_version": version},
+             session_id=session_id, work_id=work["work_id"])
+        if invalidate_approvals(tx, work["work_id"], sentence, code) and work["desired_state"] == DesiredState.RUN:
+            set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
+    session = get_session(tx, session_id)
+    return session
 
 
 # --------------------------------------------------------------------------- transcript
@@ -313,35 +358,21 @@ def append_item(
     arguments: dict[str, Any] | None = None,
     state: str | None = None,
     meta: dict[str, Any] | None = None,
-) -> str | None:
-    """Append one transcript item. A given ``item_id`` is a stable repair key: inserted at most once."""
+) -> int | None:
+    """Append one transcript item; returns its seq. A given ``item_id`` is a stable repair key:
+    inserted at most once (``None`` when it was already there)."""
     item_id = item_id or new_id("itm")
-    if tx.one("SELECT item_id FROM transcript WHERE item_id = ?", (item_id,)) is not None:
-        return None
-    seq = next_counter(tx, "transcript_seq")
-    tx.execute(
-        "INSERT INTO transcript (item_id, seq, session_id, work_id, turn_id, kind, role, content, call_id,"
-        " provider_call_id, response_id, tool, arguments, state, meta, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            item_id,
-            seq,
-            session_id,
-            work_id,
-            turn_id,
-            str(kind),
-            role,
-            content,
-            call_id,
-            provider_call_id,
-            response_id,
-            tool,
-            None if arguments is None else dumps(arguments),
-            state,
-            dumps(meta or {}),
-            time.time(),
-        ),
+    seq = tx.insert_seq(
+        "transcript",
+        "transcript_seq",
+        ("item_id", "session_id", "work_id", "turn_id", "kind", "role", "content", "call_id", "provider_call_id",
+         "response_id", "tool", "arguments", "state", "meta", "created_at"),
+        (item_id, session_id, work_id, turn_id, str(kind), role, content, call_id, provider_call_id, response_id, tool,
+         None if arguments is None else dumps(arguments), state, dumps(meta or {}), time.time()),
+        unique="item_id",
     )
+    if seq is None:
+        return None
     emit(
         tx,
         "transcript.item",
@@ -349,7 +380,7 @@ def append_item(
         session_id=session_id,
         work_id=work_id,
     )
-    return item_id
+    return seq
 
 
 def _item(row: Row) -> TranscriptItem:
@@ -422,9 +453,8 @@ def mark_worker_dead(tx: Tx, worker: Row, reason: str) -> list[Row]:
             "UPDATE attempts SET state = 'dead', ended_at = ?, end_reason = ? WHERE attempt_id = ?",
             (now, f"worker dead: {reason}", a["attempt_id"]),
         )
-        tx.execute(
-            "UPDATE work_items SET commit_point = commit_point + 1 WHERE work_id = ?", (a["work_id"],)
-        )
+        bump_commit_point(tx, a["work_id"])
+        lose_requests(tx, a["attempt_id"])
     emit(tx, "worker.dead", {"worker_id": worker["worker_id"], "generation": worker["generation"], "reason": reason})
     return attempts
 
@@ -437,16 +467,24 @@ def mark_worker_stopped(tx: Tx, worker_id: str) -> None:
 
 
 def fence(tx: Tx, attempt_id: str, generation: int) -> None:
-    """Every attempt write starts here. Zero rows → the attempt no longer owns its work."""
-    n = tx.execute(
-        "UPDATE attempts SET heartbeat_at = ? WHERE attempt_id = ? AND generation = ? AND state = 'running'",
-        (time.time(), attempt_id, generation),
+    """Every attempt write starts here. No running row → the attempt no longer owns its work.
+
+    A read, not a write: the transaction's lock (SQLite's write lock, PostgreSQL's row share lock)
+    keeps the row as read until commit, so marking the attempt dead waits for or precedes us; the
+    worker's heartbeat, not each commit, renews ``heartbeat_at``.
+    """
+    row = tx.one(
+        "SELECT attempt_id FROM attempts WHERE attempt_id = ? AND generation = ? AND state = 'running'" + tx.row_lock,
+        (attempt_id, generation),
     )
-    if n != 1:
+    if row is None:
         raise FencedError(f"attempt {attempt_id} (generation {generation}) is fenced")
 
 
 def bump_commit_point(tx: Tx, work_id: str) -> None:
+    """The work item's checkpoint ordinal: bumped whenever one of its attempts ends (ended or dead),
+    so the next admission gets a new continuation key while two recoveries of the same checkpoint
+    collide on it. Commits inside an attempt leave it alone (no extra page per tool-call commit)."""
     tx.execute("UPDATE work_items SET commit_point = commit_point + 1 WHERE work_id = ?", (work_id,))
 
 
@@ -547,10 +585,16 @@ def claim_attempt(tx: Tx, worker_id: str, generation: int) -> Row | None:
 
 
 def end_attempt(tx: Tx, attempt: Row, reason: str) -> None:
-    tx.execute(
+    """An attempt that ends by itself also breaks its work item's run of consecutive executor deaths."""
+    n = tx.execute(
         "UPDATE attempts SET state = 'ended', ended_at = ?, end_reason = ? WHERE attempt_id = ? AND state = 'running'",
         (time.time(), reason, attempt["attempt_id"]),
     )
+    if n:
+        bump_commit_point(tx, attempt["work_id"])
+        lose_requests(tx, attempt["attempt_id"])
+        tx.execute("UPDATE work_items SET recovery_attempts = 0 WHERE work_id = ? AND recovery_attempts != 0",
+                   (attempt["work_id"],))
 
 
 def live_attempts(tx: Tx) -> int:
@@ -579,6 +623,23 @@ def effects_of_turn(tx: Tx, turn_id: str) -> list[Row]:
     return rows
 
 
+def reconcile_effect(tx: Tx, eff: Row, content: str) -> bool:
+    """A late verifiable receipt for an ``unknown`` effect: ``reconciled`` plus one reconciliation
+    item (stable id ``reconcile:<call_id>``, so at most once). The old turn's items stay as they were."""
+    n = tx.execute(
+        "UPDATE effects SET state = 'reconciled', result = ?, ended_at = ? WHERE effect_id = ? AND state = 'unknown'",
+        (content, time.time(), eff["effect_id"]),
+    )
+    if n != 1:
+        return False
+    append_item(tx, eff["session_id"], ItemKind.RECONCILIATION, "tool", content, item_id=f"reconcile:{eff['call_id']}",
+                work_id=eff["work_id"], turn_id=eff["turn_id"], call_id=eff["call_id"], tool=eff["tool"],
+                state=str(EffectState.RECONCILED), meta={"effect_id": eff["effect_id"], "late_receipt": True})
+    emit(tx, "effect.state", {"call_id": eff["call_id"], "tool": eff["tool"], "state": str(EffectState.RECONCILED)},
+         session_id=eff["session_id"], work_id=eff["work_id"])
+    return True
+
+
 def unknown_effects(tx: Tx, work_id: str) -> list[Row]:
     """The unknown-effect set of a work item (scoped by provenance: its own executions)."""
     return tx.all(
@@ -591,14 +652,102 @@ def unknown_effects(tx: Tx, work_id: str) -> list[Row]:
 # --------------------------------------------------------------------------- approvals
 
 
-def invalidate_approvals(tx: Tx, work_id: str, reason: str) -> None:
-    rows = tx.all("SELECT approval_id, session_id FROM approvals WHERE work_id = ? AND state = 'pending'", (work_id,))
+# Why a control voids a pending approval: (reason_code, the sentence shown on the approval)
+INVALIDATION_REASONS: dict[str, tuple[str, str]] = {
+    "pause": (ReasonCode.USER_PAUSED, "Withdrawn because you paused this work; it is asked again if still needed after Resume."),
+    "stop": (ReasonCode.USER_STOPPED, "Withdrawn because you stopped this work; the call will not run."),
+    "resume": ("control_changed", "Withdrawn because the work was resumed; it is asked again if still needed."),
+    "retry": ("control_changed", "Withdrawn because the work was retried; it is asked again if still needed."),
+    "permissions": (ReasonCode.PERMISSION_REVOKED,
+                    "Withdrawn because the session's permissions changed; it is asked again under the new permissions if still needed."),
+}
+
+
+def invalidate_approvals(tx: Tx, work_id: str, reason: str, reason_code: str = "control_changed") -> int:
+    """Void every pending approval of a work item with a visible reason (state ``invalidated``)."""
+    rows = tx.all(
+        "SELECT approval_id, session_id, call_id, tool FROM approvals WHERE work_id = ? AND state = 'pending'", (work_id,)
+    )
     for r in rows:
         tx.execute(
-            "UPDATE approvals SET state = 'invalidated', reason = ?, decided_at = ? WHERE approval_id = ?",
+            "UPDATE approvals SET state = 'invalidated', reason = ?, decided_at = ? WHERE approval_id = ? AND state = 'pending'",
             (reason, time.time(), r["approval_id"]),
         )
-        emit(tx, "approval.invalidated", {"approval_id": r["approval_id"], "reason": reason}, session_id=r["session_id"], work_id=work_id)
+        emit(tx, "approval.invalidated", {"approval_id": r["approval_id"], "call_id": r["call_id"], "tool": r["tool"],
+                                          "reason_code": str(reason_code), "reason": reason},
+             session_id=r["session_id"], work_id=work_id)
+    return len(rows)
+
+
+def unknown_effect_set(tx: Tx, work_id: str) -> list[dict[str, Any]]:
+    """The unknown-effect set an approval is bound to: ``[{call_id, tool, arguments}]`` in call order.
+
+    Raises when the records cannot be read (the caller then rejects the call, never dispatches it).
+    """
+    return [
+        {"call_id": r["call_id"], "tool": r["tool"], "arguments": json.loads(r["arguments"])}
+        for r in unknown_effects(tx, work_id)
+    ]
+
+
+def unknown_set_digest(unknown: list[dict[str, Any]]) -> str:
+    return digest([u["call_id"] for u in unknown]) if unknown else ""
+
+
+def request_approval(tx: Tx, work: Row, eff: Row, unknown: list[dict[str, Any]], reason: str) -> str:
+    """A durable ``pending`` approval bound to the call (id, tool, arguments digest), the work item's
+    control version and the digest of the unknown-effect set; ``approval.requested`` in the same tx."""
+    aid = new_id("apr")
+    tx.execute(
+        "INSERT INTO approvals (approval_id, call_id, work_id, session_id, tool, arguments, arguments_digest,"
+        " capability, control_version, unknown_set_digest, unknown_set, state, reason, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
+        (aid, eff["call_id"], work["work_id"], work["session_id"], eff["tool"], dumps(eff["arguments"]),
+         digest(eff["arguments"]), eff["capability"], work["control_version"], unknown_set_digest(unknown),
+         dumps(unknown), reason, time.time()),
+    )
+    emit(tx, "approval.requested", {"approval_id": aid, "call_id": eff["call_id"], "tool": eff["tool"],
+                                    "capability": eff["capability"], "reason": reason, "unknown_effects": unknown},
+         session_id=work["session_id"], work_id=work["work_id"])
+    return aid
+
+
+def approval_view(row: Row) -> dict[str, Any]:
+    """The REST shape of an approval (``GET /approvals``, snapshots)."""
+    def parsed(value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    return {
+        "approval_id": row["approval_id"],
+        "session_id": row["session_id"],
+        "work_id": row["work_id"],
+        "call_id": row["call_id"],
+        "tool": row["tool"],
+        "arguments": parsed(row["arguments"]),
+        "arguments_digest": row["arguments_digest"],
+        "capability": row["capability"],
+        "reason": row["reason"],
+        "state": row["state"],
+        "unknown_effects": parsed(row["unknown_set"]),
+        "unknown_set_digest": row["unknown_set_digest"],
+        "control_version": row["control_version"],
+        "created_at": row["created_at"],
+        "decided_at": row["decided_at"],
+        "consumed_by_attempt": row["consumed_by_attempt"],
+    }
+
+
+def supersede_approval(tx: Tx, approval: Row, reason: str) -> None:
+    """Void one pending or approved-but-unused approval that no longer fits its call."""
+    n = tx.execute(
+        "UPDATE approvals SET state = 'invalidated', reason = ?, decided_at = ? WHERE approval_id = ?"
+        " AND state IN ('pending', 'approved')",
+        (reason, time.time(), approval["approval_id"]),
+    )
+    if n:
+        emit(tx, "approval.invalidated", {"approval_id": approval["approval_id"], "call_id": approval["call_id"],
+                                          "tool": approval["tool"], "reason_code": "unknown_effects_changed", "reason": reason},
+             session_id=approval["session_id"], work_id=approval["work_id"])
 
 
 def approval_for_call(tx: Tx, call_id: str) -> Row | None:
@@ -620,25 +769,121 @@ def decide_approval(tx: Tx, approval_id: str, decision: str) -> Row:
     version = int(work["control_version"]) + 1
     tx.execute("UPDATE work_items SET control_version = ? WHERE work_id = ?", (version, work["work_id"]))
     work["control_version"] = version
-    emit(tx, "approval.decided", {"approval_id": approval_id, "decision": state}, session_id=row["session_id"], work_id=row["work_id"])
+    emit(tx, "approval.decided", {"approval_id": approval_id, "decision": state, "call_id": row["call_id"],
+                                  "tool": row["tool"], "control_version": version},
+         session_id=row["session_id"], work_id=row["work_id"])
     if work["desired_state"] == DesiredState.RUN and work["phase"] not in (Phase.DONE, Phase.CANCELLED):
         set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
     row["state"] = state
     return row
 
 
-def list_approvals(tx: Tx, state: str | None) -> list[Row]:
+def list_approvals(tx: Tx, state: str | None, session_id: str | None = None) -> list[dict[str, Any]]:
+    sql, params = "SELECT * FROM approvals WHERE 1 = 1", list[str]()
     if state:
-        rows = tx.all("SELECT * FROM approvals WHERE state = ? ORDER BY created_at", (state,))
-    else:
-        rows = tx.all("SELECT * FROM approvals ORDER BY created_at")
-    for r in rows:
-        r["arguments"] = json.loads(r["arguments"])
-        r["unknown_set"] = json.loads(r["unknown_set"])
-    return rows
+        sql, params = sql + " AND state = ?", [*params, state]
+    if session_id:
+        sql, params = sql + " AND session_id = ?", [*params, session_id]
+    return [approval_view(r) for r in tx.all(sql + " ORDER BY created_at", params)]
 
 
 # --------------------------------------------------------------------------- outbox
+
+
+# --------------------------------------------------------------------------- provider requests (usage attribution)
+
+
+def record_request(
+    tx: Tx, work: Row, *, request_id: str, attempt_id: str, turn_id: str, purpose: str, model: str,
+    parent_request_id: str | None = None, service_tier: str | None = None,
+) -> None:
+    """Fix a request's attribution before it is sent, in control.db and (through the outbox) usage.db."""
+    now = time.time()
+    goal_id, goal_revision = work.get("goal_id"), work.get("goal_revision")
+    tx.execute(
+        "INSERT INTO requests (request_id, session_id, work_id, turn_id, attempt_id, purpose, model, goal_id,"
+        " goal_revision, state, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'sent', ?)",
+        (request_id, work["session_id"], work["work_id"], turn_id, attempt_id, purpose, model, goal_id, goal_revision,
+         now),
+    )
+    enqueue_outbox(tx, f"request:{request_id}", "usage.request", {
+        **_attribution(tx, request_id, work), "parent_request_id": parent_request_id, "service_tier": service_tier,
+    })
+
+
+def _attribution(tx: Tx, request_id: str, work: Row | None = None) -> dict[str, Any]:
+    r = tx.one("SELECT * FROM requests WHERE request_id = ?", (request_id,))
+    if r is None:
+        raise NotFound(f"request {request_id} not found")
+    if work is None:
+        work = tx.one("SELECT * FROM work_items WHERE work_id = ?", (r["work_id"],)) or {}
+    return {
+        "request_id": request_id, "attempt_id": r["attempt_id"], "session_id": r["session_id"], "work_id": r["work_id"],
+        "turn_id": r["turn_id"], "goal_id": r["goal_id"], "goal_revision": r["goal_revision"],
+        "job_id": work.get("job_id"), "reservation_id": work.get("reservation_id"), "purpose": r["purpose"],
+        "provider": str(r["model"]).partition(":")[0], "model": r["model"], "created_at": r["created_at"],
+    }
+
+
+def settle_request(
+    tx: Tx, request_id: str, usage: dict[str, Any] | None, *, error: str | None = None, partial: bool = False
+) -> None:
+    """The provider answered (or failed after reporting usage): one receipt, same key on every retry."""
+    tx.execute("UPDATE requests SET state = ?, error = ?, ended_at = ? WHERE request_id = ?",
+               ("failed" if error else "received", error[:500] if error else None, time.time(), request_id))
+    enqueue_outbox(tx, f"receipt:{request_id}", "usage.receipt", {
+        **_attribution(tx, request_id), "usage": usage, "partial": partial,
+    })
+
+
+def lose_requests(tx: Tx, attempt_id: str) -> None:
+    """The attempt ended or died while a request was out: its usage is unknown, not zero."""
+    for r in tx.all("SELECT request_id FROM requests WHERE attempt_id = ? AND state = 'sent'", (attempt_id,)):
+        lose_request(tx, r["request_id"])
+
+
+def lose_request(tx: Tx, request_id: str, error: str | None = None) -> None:
+    """No answer and no usage report (the connection or the process was lost): usage unknown."""
+    tx.execute("UPDATE requests SET state = 'lost', error = COALESCE(?, error), ended_at = ? WHERE request_id = ?",
+               (error[:500] if error else None, time.time(), request_id))
+    enqueue_outbox(tx, f"lost:{request_id}", "usage.lost", _attribution(tx, request_id))
+
+
+def active_time(tx: Tx, *, session_id: str | None = None, work_id: str | None = None,
+                goal_id: str | None = None, now: float | None = None) -> dict[str, Any]:
+    """Active time from the attempts' durable start/stop records (never reset by recovery).
+
+    Pauses, approval waits and downtime have no running attempt, so they never count. A dead
+    attempt counts up to its last heartbeat (a known lower bound); from there to when its death was
+    discovered is an unknown interval, shown as such (discovery time is not stop time).
+    """
+    params: tuple[str | None, ...]
+    if session_id:
+        where, params = "session_id = ?", (session_id,)
+    elif work_id:
+        where, params = "work_id = ?", (work_id,)
+    else:  # a Goal's work items are the ones its requests were attributed to
+        where, params = "work_id IN (SELECT DISTINCT work_id FROM requests WHERE goal_id = ?)", (goal_id,)
+    now = time.time() if now is None else now
+    known = 0.0
+    running = False
+    unknown: list[dict[str, Any]] = []
+    for a in tx.all(
+        f"SELECT attempt_id, state, started_at, ended_at, heartbeat_at FROM attempts WHERE {where}"
+        " AND started_at IS NOT NULL ORDER BY started_at",
+        params,
+    ):
+        start = float(a["started_at"])
+        if a["state"] == "running":
+            known += max(0.0, now - start)
+            running = True
+        elif a["state"] == "dead":
+            last = float(a["heartbeat_at"] or start)
+            known += max(0.0, last - start)
+            unknown.append({"attempt_id": a["attempt_id"], "from": last, "to": a["ended_at"]})
+        elif a["ended_at"] is not None:
+            known += max(0.0, float(a["ended_at"]) - start)
+    return {"active_seconds": round(known, 3), "running": running, "unknown_intervals": unknown}
 
 
 def enqueue_outbox(tx: Tx, op_key: str, kind: str, payload: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ back to back on one connection: one thread hop per transaction, never one per st
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
 import sqlite3
@@ -40,6 +41,13 @@ class NotFound(Exception):
     pass
 
 
+@functools.cache
+def _insert_sql(table: str, columns: tuple[str, ...], unique: str | None, returning: bool) -> str:
+    on_conflict = f" ON CONFLICT ({unique}) DO NOTHING" if unique else ""
+    tail = " RETURNING seq" if returning else ""
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}){on_conflict}{tail}"
+
+
 class Tx:
     """A transaction handle. ``?`` placeholders everywhere; the PostgreSQL dialect rewrites them."""
 
@@ -70,6 +78,43 @@ class Tx:
         row = self.one(sql, params)
         return None if row is None else next(iter(row.values()))
 
+    @property
+    def row_lock(self) -> str:
+        """Suffix for a SELECT that must hold its rows until commit (a fence read).
+
+        SQLite needs none: every write transaction is ``BEGIN IMMEDIATE`` and holds the database's
+        write lock. PostgreSQL: ``FOR SHARE`` makes a concurrent ``UPDATE`` of the row wait for us.
+        """
+        return "" if self.dialect == "sqlite" else " FOR SHARE"
+
+    def insert_seq(
+        self, table: str, counter: str, columns: Sequence[str], values: Sequence[Any], *, unique: str | None = None
+    ) -> int | None:
+        """Insert one row into an append-only log whose ``seq`` orders rows by commit; returns its seq.
+
+        With ``unique`` (a unique column), a row whose key is already present is left alone and
+        ``None`` is returned. SQLite: ``seq`` is the rowid (``INTEGER PRIMARY KEY``); writers are
+        serialized, so max + 1 is commit order and no counter page is written (rows are never
+        deleted, so a rowid is never reused). PostgreSQL: sequences are not commit-ordered, so a
+        counter row's lock orders concurrent writers.
+        """
+        if self.dialect == "sqlite":
+            cur = self._conn.execute(_insert_sql(table, tuple(columns), unique, True), tuple(values))
+            row = cur.fetchone()
+            cur.fetchall()  # let the statement finish
+            return None if row is None else int(row[0])
+        if unique and self.one(f"SELECT seq FROM {table} WHERE {unique} = ?", (values[list(columns).index(unique)],)):
+            return None
+        seq = int(self.scalar("UPDATE counters SET value = value + 1 WHERE name = ? RETURNING value", (counter,)))
+        self.execute(_insert_sql(table, ("seq", *columns), None, False), (seq, *values))
+        return seq
+
+    def last_seq(self, table: str, counter: str) -> int:
+        """The newest committed seq of an append-only log written by ``insert_seq``."""
+        if self.dialect == "sqlite":
+            return int(self.scalar(f"SELECT COALESCE(MAX(seq), 0) AS v FROM {table}") or 0)
+        return int(self.scalar("SELECT value FROM counters WHERE name = ?", (counter,)) or 0)
+
     def script(self, sql: str) -> None:
         """Run several DDL statements (migrations). Statements are split on ';' at line ends."""
         for stmt in re.split(r";\s*\n", sql):
@@ -93,6 +138,7 @@ class Database:
         self._executor: ThreadPoolExecutor | None = None
         self._conn: Any = None
         self._lock = threading.Lock()
+        self._closed = False  # after close() nothing reopens the connection behind the owner's back
 
     # ------------------------------------------------------------------ connection
     def _connect(self) -> Any:
@@ -128,10 +174,9 @@ class Database:
     def transact(self, fn: Callable[[Tx], T], *, write: bool = True) -> T:
         """Run ``fn`` in one transaction on the calling thread (commit on return, rollback on raise)."""
         with self._lock:
-            try:
-                conn = self._ensure()
-            except StorageUnavailable:
-                raise
+            if self._closed:
+                raise StorageUnavailable(f"{self.dialect} database {self.path or ''} is closed")
+            conn = self._ensure()
             tx = Tx(conn, self.dialect)
             try:
                 if self.dialect == "sqlite":
@@ -179,6 +224,7 @@ class Database:
     def close(self) -> None:
         def _close() -> None:
             with self._lock:
+                self._closed = True
                 self._reset()
 
         if self._executor is not None:

@@ -17,7 +17,7 @@ from jupyter_goals.store import control as c
 from jupyter_goals.store.db import Database, Row, StorageUnavailable
 
 _QUERY = (
-    "SELECT seq, ts, session_id, work_id, kind, payload, (SELECT value FROM counters WHERE name = 'event_seq') AS last"
+    "SELECT seq, ts, session_id, work_id, kind, payload, (SELECT MAX(seq) FROM events) AS last"
     " FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
 )
 
@@ -52,7 +52,7 @@ class EventTail:
             if rows:
                 last = int(rows[0]["last"])
             else:
-                async with conn.execute("SELECT value FROM counters WHERE name = 'event_seq'") as cur:
+                async with conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events") as cur:
                     row = await cur.fetchone()
                 last = int(row[0]) if row else 0
         except Exception as exc:

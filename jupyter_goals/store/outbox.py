@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jupyter_goals.faults import crash_point
+from jupyter_goals.prices import PriceTable, load_price_table
 from jupyter_goals.store import control as c
 from jupyter_goals.store import usage as u
 from jupyter_goals.store.db import Database, Tx
@@ -24,9 +25,11 @@ def backoff(attempts: int, base: float = 0.5, cap: float = 60.0) -> float:
 
 
 class OutboxDispatcher:
-    def __init__(self, control: Database, usage: Database) -> None:
+    def __init__(self, control: Database, usage: Database, prices: PriceTable | None = None) -> None:
         self.control = control
         self.usage = usage
+        self.prices = prices or load_price_table(None)  # receipts are priced once, when they are applied
+        self.last_error: str | None = None  # the latest usage.db failure, cleared by the next success
         # test seam for fault injection around the usage.db commit (a fault-injecting wrapper, not a mock)
         self.after_usage_commit: Callable[[str], None] | None = None
 
@@ -46,9 +49,11 @@ class OutboxDispatcher:
             crash_point("usage.after_persist")
             if self.after_usage_commit is not None:
                 self.after_usage_commit(key)
+            self.last_error = None
             await self.control.run(lambda tx: c.outbox_done(tx, key, payload))
             return 1
         except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("outbox %s failed (attempt %s): %s", key, row["attempts"] + 1, exc)
             error, delay = str(exc), backoff(int(row["attempts"]))
             try:
@@ -57,9 +62,12 @@ class OutboxDispatcher:
                 log.exception("outbox %s: could not record the retry", key)
             return 0
 
-    @staticmethod
-    def _apply(tx: Tx, kind: str, key: str, payload: dict[str, Any]) -> None:
+    def _apply(self, tx: Tx, kind: str, key: str, payload: dict[str, Any]) -> None:
         if kind == "usage.receipt":
-            u.apply_receipt(tx, key, payload)
+            u.apply_receipt(tx, key, payload, self.prices)
+        elif kind == "usage.request":
+            u.apply_request(tx, payload)
+        elif kind == "usage.lost":
+            u.apply_lost(tx, payload)
         else:
             raise ValueError(f"unknown outbox operation {kind!r}")

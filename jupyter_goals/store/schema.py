@@ -14,7 +14,9 @@ import time
 
 from jupyter_goals.store.db import Database, MigrationFailed, StorageUnavailable, Tx
 
-CONTROL_MIGRATIONS: list[tuple[int, str, str]] = [
+Migration = tuple[int, str, "str | dict[str, str]"]  # SQL, or SQL per dialect
+
+CONTROL_MIGRATIONS: list[Migration] = [
     (
         1,
         "initial control schema",
@@ -99,9 +101,82 @@ CREATE TABLE requests (
 CREATE TABLE server_state (key TEXT PRIMARY KEY, value TEXT NOT NULL)
 """,
     ),
+    (
+        2,
+        "append-only logs keyed by rowid on SQLite; effects indexed by turn only; requests by attempt",
+        {
+            # Each tool call commits twice; every B-tree page a commit touches is one more WAL frame
+            # to write and fsync. On SQLite the event and transcript logs take their seq from the
+            # rowid (writers are serialized, so it is commit order) instead of a counter row, and
+            # the effects index no longer moves when an effect changes state (bench/README.md).
+            "sqlite": """
+CREATE TABLE events_v2 (
+  seq INTEGER PRIMARY KEY, ts DOUBLE PRECISION NOT NULL, session_id TEXT, work_id TEXT,
+  kind TEXT NOT NULL, payload TEXT NOT NULL);
+INSERT INTO events_v2 (seq, ts, session_id, work_id, kind, payload)
+  SELECT seq, ts, session_id, work_id, kind, payload FROM events;
+DROP TABLE events;
+ALTER TABLE events_v2 RENAME TO events;
+CREATE TABLE transcript_v2 (
+  seq INTEGER PRIMARY KEY, item_id TEXT NOT NULL UNIQUE, session_id TEXT NOT NULL, work_id TEXT, turn_id TEXT,
+  kind TEXT NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL DEFAULT '', call_id TEXT,
+  provider_call_id TEXT, response_id TEXT, tool TEXT, arguments TEXT, state TEXT, meta TEXT NOT NULL DEFAULT '{}',
+  created_at DOUBLE PRECISION NOT NULL);
+INSERT INTO transcript_v2 (seq, item_id, session_id, work_id, turn_id, kind, role, content, call_id,
+  provider_call_id, response_id, tool, arguments, state, meta, created_at)
+  SELECT seq, item_id, session_id, work_id, turn_id, kind, role, content, call_id,
+  provider_call_id, response_id, tool, arguments, state, meta, created_at FROM transcript;
+DROP TABLE transcript;
+ALTER TABLE transcript_v2 RENAME TO transcript;
+CREATE INDEX transcript_session_seq ON transcript (session_id, seq);
+DELETE FROM counters WHERE name IN ('event_seq', 'transcript_seq');
+DROP INDEX effects_turn;
+CREATE INDEX effects_turn ON effects (turn_id);
+CREATE INDEX requests_attempt ON requests (attempt_id)
+""",
+            "postgresql": """
+DROP INDEX effects_turn;
+CREATE INDEX effects_turn ON effects (turn_id);
+CREATE INDEX requests_attempt ON requests (attempt_id)
+""",
+        },
+    ),
+    (
+        3,
+        "goals: objective revisions, todos, acceptance results, terminal history",
+        """
+CREATE TABLE goals (
+  goal_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, work_id TEXT NOT NULL, objective TEXT NOT NULL,
+  original_objective TEXT NOT NULL, requirements TEXT NOT NULL, requirements_state TEXT NOT NULL,
+  state TEXT NOT NULL, phase TEXT NOT NULL, reason_code TEXT NOT NULL DEFAULT '', reason TEXT NOT NULL DEFAULT '',
+  revision BIGINT NOT NULL, budget TEXT NOT NULL DEFAULT '{}', result_version BIGINT NOT NULL DEFAULT 0,
+  verified_result_version BIGINT NOT NULL DEFAULT 0, verified_todo_version BIGINT NOT NULL DEFAULT 0,
+  blocker TEXT NOT NULL DEFAULT '', blocker_count BIGINT NOT NULL DEFAULT 0, turns BIGINT NOT NULL DEFAULT 0,
+  created_by TEXT NOT NULL DEFAULT 'user', created_at DOUBLE PRECISION NOT NULL,
+  updated_at DOUBLE PRECISION NOT NULL, ended_at DOUBLE PRECISION);
+CREATE INDEX goals_session ON goals (session_id, created_at);
+CREATE INDEX goals_work ON goals (work_id);
+CREATE TABLE goal_revisions (
+  goal_id TEXT NOT NULL, revision BIGINT NOT NULL, objective TEXT NOT NULL, requirements TEXT NOT NULL,
+  budget TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', actor TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+  PRIMARY KEY (goal_id, revision));
+CREATE TABLE todos (
+  session_id TEXT PRIMARY KEY, goal_id TEXT, items TEXT NOT NULL, version BIGINT NOT NULL,
+  updated_at DOUBLE PRECISION NOT NULL);
+CREATE TABLE acceptance_results (
+  goal_id TEXT NOT NULL, result_version BIGINT NOT NULL, revision BIGINT NOT NULL, outcome TEXT NOT NULL,
+  verdicts TEXT NOT NULL, request_ids TEXT NOT NULL DEFAULT '[]', created_at DOUBLE PRECISION NOT NULL,
+  PRIMARY KEY (goal_id, result_version));
+CREATE TABLE goal_history (
+  record_id TEXT PRIMARY KEY, goal_id TEXT NOT NULL UNIQUE, session_id TEXT NOT NULL, state TEXT NOT NULL,
+  snapshot TEXT NOT NULL, anchor_seq BIGINT NOT NULL, anchor_item_id TEXT NOT NULL,
+  created_at DOUBLE PRECISION NOT NULL);
+CREATE INDEX goal_history_session ON goal_history (session_id, anchor_seq)
+""",
+    ),
 ]
 
-USAGE_MIGRATIONS: list[tuple[int, str, str]] = [
+USAGE_MIGRATIONS: list[Migration] = [
     (
         1,
         "initial usage schema",
@@ -117,6 +192,29 @@ CREATE TABLE activity (
   interval_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, work_id TEXT NOT NULL, attempt_id TEXT NOT NULL,
   started_at DOUBLE PRECISION NOT NULL, stopped_at DOUBLE PRECISION, last_heartbeat_at DOUBLE PRECISION NOT NULL,
   stop_known BIGINT NOT NULL DEFAULT 1)
+""",
+    ),
+    (
+        2,
+        "request ledger with attribution, receipt quotes and lower bounds, versioned prices",
+        """
+CREATE TABLE requests (
+  request_id TEXT PRIMARY KEY, attempt_id TEXT, session_id TEXT NOT NULL, work_id TEXT, turn_id TEXT,
+  goal_id TEXT, goal_revision BIGINT, job_id TEXT, reservation_id TEXT, parent_request_id TEXT,
+  purpose TEXT NOT NULL, provider TEXT NOT NULL, model TEXT NOT NULL, service_tier TEXT,
+  state TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL, settled_at DOUBLE PRECISION);
+CREATE INDEX requests_session ON requests (session_id);
+CREATE INDEX requests_goal ON requests (goal_id);
+CREATE INDEX requests_work ON requests (work_id);
+CREATE INDEX receipts_work ON receipts (work_id);
+ALTER TABLE receipts ADD COLUMN attempt_id TEXT;
+ALTER TABLE receipts ADD COLUMN partial BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE receipts ADD COLUMN price_version TEXT;
+ALTER TABLE receipts ADD COLUMN cost_usd DOUBLE PRECISION;
+CREATE TABLE prices (
+  price_version TEXT NOT NULL, model TEXT NOT NULL, input_usd_per_mtok DOUBLE PRECISION NOT NULL,
+  output_usd_per_mtok DOUBLE PRECISION NOT NULL, cached_input_usd_per_mtok DOUBLE PRECISION,
+  loaded_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (price_version, model))
 """,
     ),
 ]
@@ -139,7 +237,13 @@ def backup_sqlite(path: str, version: int) -> str | None:
     """Copy the database beside itself before a migration (consistent copy via the backup API)."""
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         return None
-    dest = f"{path}.v{version}.{time.strftime('%Y%m%dT%H%M%S')}.bak"
+    now = time.time()
+    stamp = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}.{int(now * 1e6) % 1_000_000:06d}Z"
+    dest = f"{path}.v{version}.{stamp}.bak"
+    n = 1
+    while os.path.exists(dest):  # never overwrite an earlier backup
+        dest = f"{path}.v{version}.{stamp}-{n}.bak"
+        n += 1
     src = sqlite3.connect(path)
     try:
         dst = sqlite3.connect(dest)
@@ -193,7 +297,7 @@ def migrate(db: Database, which: str) -> int:
             if number <= v:
                 continue
             try:
-                tx.script(sql)
+                tx.script(sql if isinstance(sql, str) else sql[tx.dialect])
                 tx.execute(
                     "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                     (number, name, time.time()),

@@ -1,24 +1,70 @@
-"""Every usage.db statement. Receipts are inserted if absent on their key, so a retried outbox
-operation (same key) can never count a receipt twice."""
+"""Every usage.db statement: the ledger of record for provider usage and cost.
+
+Three outbox operations reach it, each insert-if-absent on its key, so a retried operation can
+never count anything twice:
+
+- ``usage.request``: the request's attribution (session, work item, turn, goal + revision, job,
+  reservation, provider, model, service tier), fixed in control.db before the request is sent;
+- ``usage.receipt``: what the provider reported for that request (one receipt per provider
+  attempt; a retry is a new request). A streamed answer's usage is its last cumulative snapshot,
+  a watermark, never a sum; a stream lost after a snapshot gives a ``partial`` receipt, a lower
+  bound. The quote is priced once, with the price version of the moment, and never recomputed;
+- ``usage.lost``: a request whose attempt died before any answer: its usage is unknown.
+
+Totals are always computed from these rows, so a restart rebuilds them from the receipts.
+"""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from jupyter_goals.models import Usage
+from jupyter_goals.prices import PriceTable
 from jupyter_goals.store.db import Row, Tx
 
+ATTRIBUTION = ("request_id", "attempt_id", "session_id", "work_id", "turn_id", "goal_id", "goal_revision", "job_id",
+               "reservation_id", "parent_request_id", "purpose", "provider", "model", "service_tier")
 
-def apply_receipt(tx: Tx, op_key: str, r: dict[str, Any]) -> bool:
-    """Insert the receipt once; returns False when it was already applied."""
-    usage = r.get("usage")
+
+def _ensure_request(tx: Tx, r: dict[str, Any], state: str) -> None:
+    values = [r.get(k) for k in ATTRIBUTION]
+    values[ATTRIBUTION.index("purpose")] = r.get("purpose") or "work"
+    values[ATTRIBUTION.index("provider")] = r.get("provider") or str(r.get("model", "")).partition(":")[0]
+    values[ATTRIBUTION.index("model")] = r.get("model") or ""
+    tx.execute(
+        f"INSERT INTO requests ({', '.join(ATTRIBUTION)}, state, created_at)"
+        f" VALUES ({', '.join('?' * len(ATTRIBUTION))}, ?, ?) ON CONFLICT (request_id) DO NOTHING",
+        (*values, state, r.get("created_at") or time.time()),
+    )
+
+
+def apply_request(tx: Tx, r: dict[str, Any]) -> None:
+    """The attribution of a request about to be sent (state ``sent``)."""
+    _ensure_request(tx, r, "sent")
+
+
+def apply_lost(tx: Tx, r: dict[str, Any]) -> None:
+    """The request's attempt died with no answer: its usage is unknown (a settled one stays settled)."""
+    _ensure_request(tx, r, "lost")
+    tx.execute("UPDATE requests SET state = 'lost' WHERE request_id = ? AND state = 'sent'", (r["request_id"],))
+
+
+def apply_receipt(tx: Tx, op_key: str, r: dict[str, Any], prices: PriceTable | None = None) -> bool:
+    """Insert the receipt once, priced with the current table; returns False when it was already applied."""
+    raw = r.get("usage")
+    usage = Usage.model_validate(raw) if raw else None
+    cost = prices.quote(str(r.get("model") or ""), usage) if (prices is not None and usage is not None) else None
+    _ensure_request(tx, r, "settled")
     n = tx.execute(
-        "INSERT INTO receipts (receipt_key, request_id, session_id, work_id, turn_id, goal_id, goal_revision, job_id,"
-        " purpose, provider, model, usage_known, input_tokens, output_tokens, cached_tokens, created_at, applied_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (receipt_key) DO NOTHING",
+        "INSERT INTO receipts (receipt_key, request_id, attempt_id, session_id, work_id, turn_id, goal_id, goal_revision,"
+        " job_id, purpose, provider, model, usage_known, partial, input_tokens, output_tokens, cached_tokens,"
+        " price_version, cost_usd, created_at, applied_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (receipt_key) DO NOTHING",
         (
             op_key,
             r["request_id"],
+            r.get("attempt_id"),
             r["session_id"],
             r.get("work_id"),
             r.get("turn_id"),
@@ -29,37 +75,89 @@ def apply_receipt(tx: Tx, op_key: str, r: dict[str, Any]) -> bool:
             r.get("provider"),
             r.get("model"),
             1 if usage else 0,
-            (usage or {}).get("input_tokens", 0),
-            (usage or {}).get("output_tokens", 0),
-            (usage or {}).get("cached_tokens", 0),
+            1 if r.get("partial") else 0,
+            usage.input_tokens if usage else 0,
+            usage.output_tokens if usage else 0,
+            usage.cached_tokens if usage else 0,
+            prices.version if (prices is not None and cost is not None) else None,
+            cost,
             r.get("created_at", time.time()),
             time.time(),
         ),
     )
+    if n == 1:
+        tx.execute("UPDATE requests SET state = 'settled', settled_at = ? WHERE request_id = ?",
+                   (time.time(), r["request_id"]))
     return n == 1
 
 
-def summary(tx: Tx, session_id: str | None = None, work_id: str | None = None) -> dict[str, Any]:
-    where, params = ("session_id = ?", (session_id,)) if session_id else ("work_id = ?", (work_id,))
+def record_prices(tx: Tx, prices: PriceTable) -> None:
+    """Keep the known prices of a table version (insert-if-absent: an old version is never rewritten)."""
+    now = time.time()
+    for model, p in prices.models.items():
+        tx.execute(
+            "INSERT INTO prices (price_version, model, input_usd_per_mtok, output_usd_per_mtok,"
+            " cached_input_usd_per_mtok, loaded_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (price_version, model) DO NOTHING",
+            (prices.version, model, p.input_usd_per_mtok, p.output_usd_per_mtok, p.cached_input_usd_per_mtok, now),
+        )
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def summary(tx: Tx, *, session_id: str | None = None, goal_id: str | None = None,
+            work_id: str | None = None) -> dict[str, Any]:
+    """Known tokens, known cost, and what is not known, kept apart (never an invented zero)."""
+    column, value = (("session_id", session_id) if session_id else ("goal_id", goal_id) if goal_id
+                     else ("work_id", work_id))
+    params = (value,)
     row: Row | None = tx.one(
-        "SELECT COUNT(*) AS requests, COALESCE(SUM(input_tokens), 0) AS input, COALESCE(SUM(output_tokens), 0) AS output,"
-        " COALESCE(SUM(cached_tokens), 0) AS cached, COALESCE(SUM(1 - usage_known), 0) AS unknown"
-        f" FROM receipts WHERE {where}",
+        "SELECT COUNT(*) AS receipts, COALESCE(SUM(input_tokens), 0) AS input, COALESCE(SUM(output_tokens), 0) AS output,"
+        " COALESCE(SUM(cached_tokens), 0) AS cached, COALESCE(SUM(1 - usage_known), 0) AS unknown,"
+        " COALESCE(SUM(partial), 0) AS partial,"
+        " COALESCE(SUM(CASE WHEN usage_known = 1 AND cost_usd IS NULL THEN 1 ELSE 0 END), 0) AS unpriced,"
+        " COALESCE(SUM(cost_usd), 0) AS cost, COALESCE(SUM(CASE WHEN cost_usd IS NOT NULL THEN 1 ELSE 0 END), 0) AS priced"
+        f" FROM receipts WHERE {column} = ?",
         params,
     )
     assert row is not None
-    unknown = int(row["unknown"])
+    in_flight = int(tx.scalar(f"SELECT COUNT(*) AS n FROM requests WHERE {column} = ? AND state = 'sent'", params) or 0)
+    # a lost request may still get a late receipt: only the ones without one are unknown
+    lost = int(tx.scalar(
+        f"SELECT COUNT(*) AS n FROM requests q WHERE q.{column} = ? AND q.state = 'lost'"
+        " AND NOT EXISTS (SELECT 1 FROM receipts r WHERE r.request_id = q.request_id)",
+        params,
+    ) or 0)
+    unknown = int(row["unknown"]) + lost
+    unpriced, partial, priced = int(row["unpriced"]), int(row["partial"]), int(row["priced"])
+    known_cost = float(row["cost"])  # what is known; the unknowns are listed beside it, never priced at zero
+    missing = unknown + unpriced
+    estimate: float | None = known_cost
+    if missing:
+        estimate = known_cost + known_cost / priced * missing if priced else None
     known = {"input": int(row["input"]), "output": int(row["output"]), "cached": int(row["cached"])}
-    display = f"Known tokens: {known['input']} in, {known['output']} out"
+    parts = [f"Known ${known_cost:.2f}"]
     if unknown:
-        display += f"; usage unknown for {unknown} additional request{'s' if unknown != 1 else ''}"
+        parts.append(f"usage unknown for {_plural(unknown, 'additional request')}")
+    if unpriced:
+        parts.append(f"price unknown for {_plural(unpriced, 'request')}")
+    if partial:
+        parts.append(f"{_plural(partial, 'interrupted request')} counted as a lower bound")
+    if in_flight:
+        parts.append(f"{_plural(in_flight, 'request')} in flight")
+    if estimate is not None and estimate > known_cost:
+        parts.append(f"estimate ${estimate:.2f}")
     return {
         "known_tokens": known,
-        "receipts": int(row["requests"]),
+        "known_cost_usd": round(known_cost, 6),
+        "estimated_cost_usd": None if estimate is None else round(estimate, 6),
+        "receipts": int(row["receipts"]),
         "unknown_usage_requests": unknown,
-        "known_cost_usd": None,
-        "estimated_cost_usd": None,
-        "display": display,
+        "unpriced_requests": unpriced,
+        "lower_bound_requests": partial,
+        "in_flight_requests": in_flight,
+        "display": "; ".join(parts),
     }
 
 

@@ -1,0 +1,84 @@
+"""Shared store-test kit: one Backend per database kind (SQLite file or a private PostgreSQL schema).
+
+The `backend` fixture itself lives in conftest.py so every test module gets it without imports.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from pathlib import Path
+from typing import Any
+
+from jupyter_goals.store import control as c
+from jupyter_goals.store.db import Database, Tx
+from jupyter_goals.store.schema import migrate
+
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
+PERMS = {"mode": "ask", "allow": []}
+
+
+@functools.cache
+def postgres_unreachable() -> str | None:
+    try:
+        import psycopg
+
+        psycopg.connect(PG_ADMIN_URL, connect_timeout=3).close()
+    except Exception as exc:  # ImportError included: no driver, no PostgreSQL tests
+        return f"PostgreSQL at 127.0.0.1:5432 (database 'test') is unreachable: {exc}"
+    return None
+
+
+class Backend:
+    """Opens named databases ('control', 'usage', ...) of one kind; each name is its own database."""
+
+    def __init__(self, kind: str, tmp_path: Path) -> None:
+        self.kind = kind
+        self.tmp_path = tmp_path
+        self.token = uuid.uuid4().hex[:10]
+        self.schemas: list[str] = []
+        self.opened: list[Database] = []
+
+    def url(self, name: str) -> str:
+        if self.kind == "sqlite":
+            return f"sqlite:///{self.tmp_path / f'{name}.db'}"
+        schema_name = f"test_{self.token}_{name}"
+        if schema_name not in self.schemas:
+            self._admin(f'CREATE SCHEMA "{schema_name}"')
+            self.schemas.append(schema_name)
+        return f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema_name}"
+
+    def path(self, name: str) -> Path:
+        assert self.kind == "sqlite"
+        return self.tmp_path / f"{name}.db"
+
+    def open(self, name: str, *, migrated: str | None = None) -> Database:
+        db = Database(self.url(name))
+        self.opened.append(db)
+        if migrated:
+            migrate(db, migrated)
+        return db
+
+    def close_all(self) -> None:
+        for db in self.opened:
+            db.close()
+        self.opened.clear()
+
+    def cleanup(self) -> None:
+        self.close_all()
+        for schema_name in self.schemas:
+            self._admin(f'DROP SCHEMA IF EXISTS "{schema_name}" CASCADE')
+
+    @staticmethod
+    def _admin(sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(sql)  # type: ignore[arg-type]
+
+
+def new_chat(tx: Tx, text: str = "hello", client_request_id: str = "req-1") -> tuple[dict[str, Any], dict[str, Any]]:
+    session = c.create_session(tx, "chat", "/tmp", "scripted:none.json", PERMS)
+    msg, created = c.accept_message(tx, session, text, client_request_id, "queue", auto_recover=True, host="host-a")
+    assert created
+    return session, c.get_work(tx, msg["work_id"])

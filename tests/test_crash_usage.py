@@ -1,0 +1,131 @@
+"""Usage across crashes and ledger outages: real server processes, kill -9, a real PostgreSQL
+ledger taken offline, and a local OpenAI-compatible server sending cumulative usage.
+
+"Counted once" is checked in usage.db itself: one receipt per provider request that answered."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.servers import db_rows, server_env
+from tests.test_crash import APPEND_RULES, lines, wait_for
+
+pytestmark = pytest.mark.slow
+
+PG = "postgresql://postgres@127.0.0.1:5432"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    with server_env(tmp_path, APPEND_RULES) as e:
+        yield e
+
+
+def usage_rows(state: Path, sql: str) -> list[dict[str, Any]]:
+    conn = sqlite3.connect(state / "usage.db")
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql)]
+    finally:
+        conn.close()
+
+
+def assert_each_answer_counted_once(state: Path) -> None:
+    answered = {r["request_id"] for r in db_rows(state, "SELECT request_id FROM requests WHERE state = 'received'")}
+    receipts = usage_rows(state, "SELECT request_id FROM receipts")
+    assert answered and sorted(r["request_id"] for r in receipts) == sorted(answered)
+
+
+@pytest.mark.parametrize("point", ["usage.before_persist", "usage.after_persist"])
+def test_receipts_are_counted_exactly_once_after_a_crash_around_the_ledger_write(env: dict[str, Any], point: str) -> None:
+    server = env["make"]().start(crash_at=point)
+    cl = server.client()
+    sid = str(cl.create_session(title="usage", cwd=str(env["root"]), permissions={"mode": "bypass"})["session"]["session_id"])
+    cl.send(sid, "please append a line", client_request_id="r1")
+    assert server.proc is not None
+    server.proc.wait(timeout=60)  # the server died at the point, while it wrote to usage.db
+    assert (env["state"] / "faults" / f"{point}.fired").exists()
+    server.kill()
+
+    server = env["make"]().start()
+    cl = server.client()
+    assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
+    wait_for(lambda: cl.usage(session_id=sid)["ledger_writes_pending"] == 0, what="the outbox to drain")
+    assert_each_answer_counted_once(env["state"])
+    answer = cl.usage(session_id=sid)
+    assert answer["known_tokens"] == {"input": 18, "output": 6, "cached": 0}  # 8+10 in, 2+4 out, once each
+    assert answer["display"] == "Known $0.00"  # the scripted provider is free: known, not unknown
+    assert lines(env["out"]) == 1
+
+
+def test_an_offline_ledger_never_blocks_chat_and_every_receipt_lands_once_it_is_back(env: dict[str, Any]) -> None:
+    import psycopg
+
+    name = f"goals_usage_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(f"{PG}/test", autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        server = env["make"](extra=[f"--GoalsApp.usage_db_url={PG}/{name}"]).start()
+        cl = server.client()
+        sid = str(cl.create_session(title="usage", cwd=str(env["root"]), permissions={"mode": "bypass"})["session"]["session_id"])
+        with psycopg.connect(f"{PG}/test", autocommit=True) as admin:  # the ledger goes away
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        cl.send(sid, "please append a line", client_request_id="r1")
+        snap = cl.wait(sid, timeout=60)  # chat is not blocked: no hard budget is set
+        assert snap["work"]["phase"] == "done" and lines(env["out"]) == 1
+        assert snap["usage"]["error"] == "storage_unavailable" and "receipts are kept" in snap["usage"]["display"]
+        wait_for(lambda: cl.health()["databases"]["usage"]["ok"] is False, what="health to show the ledger offline")
+        assert cl.usage(session_id=sid)["ledger_writes_pending"] >= 2
+
+        with psycopg.connect(f"{PG}/test", autocommit=True) as admin:  # and comes back
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        wait_for(lambda: cl.usage(session_id=sid)["ledger_writes_pending"] == 0, timeout=90, what="the outbox to drain")
+        answer = cl.usage(session_id=sid)
+        assert answer["known_tokens"] == {"input": 18, "output": 6, "cached": 0}
+        with psycopg.connect(f"{PG}/{name}") as ledger:
+            counts = ledger.execute("SELECT request_id, COUNT(*) FROM receipts GROUP BY request_id").fetchall()
+        assert len(counts) == 2 and all(n == 1 for _, n in counts)
+        server.kill()
+    finally:
+        with psycopg.connect(f"{PG}/test", autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_cumulative_usage_is_a_watermark_and_retries_that_consumed_count_separately(env: dict[str, Any]) -> None:
+    from tests.openai_server import OpenAITestServer, openai_usage
+
+    prices = env["state"].parent / "prices.json"
+    prices.write_text('{"version": "test", "models": {"openai:test-model":'
+                      ' {"input_usd_per_mtok": 10000, "output_usd_per_mtok": 20000}}}')
+    with OpenAITestServer() as api:
+        api.plan_error(503)  # refused: nothing consumed
+        api.plan(raw_events=[  # consumed, then the connection drops before the answer finished
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}}]},
+            {"choices": [], "usage": openai_usage(5, 1)},
+            {"choices": [{"index": 0, "delta": {"content": "lo"}}]},
+            {"choices": [], "usage": openai_usage(5, 2)},
+        ], drop_after=4, send_done=False)
+        api.plan(text_chunks=["Hello ", "again."], usage_chunks=[openai_usage(6, 1), openai_usage(6, 3)])
+        server = env["make"](env={"OPENAI_BASE_URL": api.base_url},
+                             extra=[f"--GoalsApp.price_table={prices}"]).start()
+        cl = server.client()
+        sid = str(cl.create_session(title="oa", cwd=str(env["root"]), model="openai:test-model")["session"]["session_id"])
+        cl.send(sid, "hi", client_request_id="r1")
+        assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
+        assert len(api.completion_requests) == 3
+        wait_for(lambda: cl.usage(session_id=sid)["ledger_writes_pending"] == 0, what="the outbox to drain")
+        answer = cl.usage(session_id=sid)
+    # final watermarks of the attempts that consumed: (5, 2) lower bound + (6, 3); snapshots never summed
+    assert answer["known_tokens"] == {"input": 11, "output": 5, "cached": 0}
+    assert answer["lower_bound_requests"] == 1 and answer["unknown_usage_requests"] == 0
+    assert answer["known_cost_usd"] == pytest.approx((11 * 10000 + 5 * 20000) / 1e6)
+    receipts = usage_rows(env["state"], "SELECT partial, input_tokens, output_tokens FROM receipts ORDER BY created_at")
+    assert [(r["partial"], r["input_tokens"], r["output_tokens"]) for r in receipts] == [(0, 0, 0), (1, 5, 2), (0, 6, 3)]
