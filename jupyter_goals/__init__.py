@@ -17,6 +17,13 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
     return [{"src": "labextension", "dest": "jupyter-goals"}]
 
 
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext jupyter_goals``: the ``%goal`` / ``%%goal`` magics."""
+    from jupyter_goals.notebook.magics import load_ipython_extension as load
+
+    load(ipython)
+
+
 def __getattr__(name: str) -> Any:
     if name == "GoalsClient":
         from jupyter_goals.notebook import client

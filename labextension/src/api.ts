@@ -13,9 +13,110 @@ export interface IHealth {
 
 /** The `work` part of a session summary. */
 export interface IWorkView {
+  work_id?: string;
+  desired_state?: string;
   phase: string;
   reason_code: string;
   reason: string;
+  control_version?: number;
+}
+
+/** Backend-computed button permissions; the UI never infers them from state strings. */
+export interface IActions {
+  can_pause: boolean;
+  can_resume: boolean;
+  can_end: boolean;
+  can_retry: boolean;
+  can_verify: boolean;
+  reason_code: string;
+}
+
+export interface IRequirement {
+  id: string;
+  text: string;
+  kind: string;
+  command?: string | null;
+  path?: string | null;
+  sha256?: string | null;
+}
+
+export interface IVerdict {
+  requirement_id: string;
+  verdict: string;
+  evidence?: unknown;
+}
+
+export interface ITodoItem {
+  id?: string;
+  text: string;
+  status: string;
+  required?: boolean;
+}
+
+/** `GET /api/goals/goals/{id}` (the snapshot's `goal` has the same shape, without usage). */
+export interface IGoal {
+  goal_id: string;
+  session_id: string;
+  objective: string;
+  original_objective?: string;
+  requirements: IRequirement[];
+  state: string;
+  phase: string;
+  reason_code: string;
+  reason: string;
+  revision: number;
+  usage?: { display?: string } | null;
+  actions: IActions;
+  acceptance?: {
+    revision: number;
+    result_version: number;
+    outcome: string;
+    verdicts: IVerdict[];
+  } | null;
+  todo?: ITodoItem[];
+}
+
+export interface IApproval {
+  approval_id: string;
+  session_id: string;
+  tool: string;
+  arguments: unknown;
+  capability?: string;
+  reason?: string;
+  state: string;
+  unknown_effects?: unknown[];
+}
+
+/** A terminal Goal record: read-only, with its own snapshot and transcript anchor. */
+export interface IHistoryRecord {
+  record_id: string;
+  goal_id: string;
+  session_id: string;
+  state: string;
+  snapshot: IGoal;
+  anchor: { seq: number; item_id: string };
+  created_at: number;
+  read_only: boolean;
+}
+
+/** `GET /api/goals/sessions/{id}` */
+export interface ISessionSnapshot {
+  session: { session_id: string; title?: string | null };
+  work: IWorkView | null;
+  goal: IGoal | null;
+  todo?: ITodoItem[];
+  approvals: IApproval[];
+  actions: IActions;
+  event_seq: number;
+}
+
+/** One entry of `GET /api/goals/events?format=json`. */
+export interface IGoalsEvent {
+  seq: number;
+  kind: string;
+  session_id: string | null;
+  work_id: string | null;
+  payload: Record<string, unknown>;
 }
 
 /** One entry of `GET /api/goals/sessions`. */
@@ -34,7 +135,11 @@ export interface ISessionList {
 export class GoalsAPIError extends Error {
   constructor(
     readonly path: string,
-    message: string
+    message: string,
+    /** HTTP status, when the server answered (409: version conflict). */
+    readonly status: number = 0,
+    /** The server's error `message`, without the path prefix. */
+    readonly detail: string = message
   ) {
     super(`${path}: ${message}`);
     this.name = 'GoalsAPIError';
@@ -49,23 +154,31 @@ export class GoalsAPIError extends Error {
  */
 export async function requestGoalsAPI<T>(
   path: string,
-  settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+  settings: ServerConnection.ISettings = ServerConnection.makeSettings(),
+  method: 'GET' | 'POST' | 'PATCH' = 'GET',
+  body?: unknown
 ): Promise<T> {
   const url = URLExt.join(settings.baseUrl, 'api/goals', path);
+  const init: RequestInit = { method, cache: 'no-store' };
+  if (body !== undefined) {
+    init.body = JSON.stringify(body);
+    init.headers = { 'Content-Type': 'application/json' };
+  }
   let response: Response;
   try {
-    response = await ServerConnection.makeRequest(
-      url,
-      { method: 'GET', cache: 'no-store' },
-      settings
-    );
+    response = await ServerConnection.makeRequest(url, init, settings);
   } catch (error) {
     throw new GoalsAPIError(path, `network error: ${describe(error)}`);
   }
   if (!response.ok) {
     const status = `HTTP ${response.status} ${response.statusText}`.trim();
     const detail = await serverMessage(response);
-    throw new GoalsAPIError(path, detail ? `${status}: ${detail}` : status);
+    throw new GoalsAPIError(
+      path,
+      detail ? `${status}: ${detail}` : status,
+      response.status,
+      detail || status
+    );
   }
   try {
     return (await response.json()) as T;
@@ -82,7 +195,7 @@ async function serverMessage(response: Response): Promise<string> {
       typeof body === 'object' && body !== null
         ? (body as { message?: unknown }).message
         : undefined;
-    return typeof message === 'string' ? message.slice(0, 200) : '';
+    return typeof message === 'string' ? message.slice(0, 300) : '';
   } catch {
     return '';
   }
@@ -107,4 +220,13 @@ export function isSessionList(value: unknown): value is ISessionList {
     value !== null &&
     Array.isArray((value as { sessions?: unknown }).sessions)
   );
+}
+
+/** POST a JSON body under `<baseUrl>/api/goals/…`; rejects like `requestGoalsAPI`. */
+export function postGoalsAPI<T>(
+  path: string,
+  body: unknown,
+  settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+): Promise<T> {
+  return requestGoalsAPI<T>(path, settings, 'POST', body);
 }

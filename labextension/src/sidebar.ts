@@ -10,6 +10,8 @@ import {
   isSessionList,
   requestGoalsAPI
 } from './api';
+import { SessionDetail } from './detail';
+import { debounce, sharedEventFeed } from './events';
 
 /** How often the visible panel re-reads the server state. */
 export const REFRESH_INTERVAL_MS = 5000;
@@ -59,6 +61,14 @@ export class GoalsSidebar extends Widget {
     this._sessionsNode = el('section', 'jp-goals-sessions');
     this._sessionsNode.dataset.testid = 'goals-sessions';
 
+    this._detail = new SessionDetail(this._settings, () => void this.refresh());
+    this._sessionsNode.addEventListener('click', event => this._onSessionClick(event));
+    this._sessionsNode.addEventListener('keydown', event => {
+      if (event.key === 'Enter' || event.key === ' ') {
+        this._onSessionClick(event);
+      }
+    });
+
     this._updatedNode = el('div', 'jp-goals-updated');
     this._updatedNode.dataset.testid = 'goals-updated';
 
@@ -68,6 +78,7 @@ export class GoalsSidebar extends Widget {
       this._errorNode,
       this._healthNode,
       this._sessionsNode,
+      this._detail.node,
       this._updatedNode
     );
   }
@@ -91,8 +102,21 @@ export class GoalsSidebar extends Widget {
     return this._pending;
   }
 
+  /** Show one session's state, Goal, approvals and history below the list. */
+  selectSession(sessionId: string | null): void {
+    this._detail.select(sessionId);
+    for (const row of Array.from(
+      this._sessionsNode.querySelectorAll<HTMLElement>('.jp-goals-session')
+    )) {
+      const selected = row.dataset.sessionId === sessionId;
+      row.classList.toggle('jp-mod-selected', selected);
+      row.setAttribute('aria-selected', String(selected));
+    }
+  }
+
   dispose(): void {
     this._stopTimer();
+    this._detail.dispose();
     super.dispose();
   }
 
@@ -122,7 +146,23 @@ export class GoalsSidebar extends Widget {
     super.onBeforeDetach(msg);
   }
 
+  private _onSessionClick(event: Event): void {
+    const row = (event.target as HTMLElement | null)?.closest<HTMLElement>(
+      '.jp-goals-session'
+    );
+    if (row?.dataset.sessionId) {
+      event.preventDefault();
+      this.selectSession(row.dataset.sessionId);
+    }
+  }
+
   private _startTimer(): void {
+    this._detail.setLive(true);
+    if (this._unsubscribe === null) {
+      // new sessions and phase changes show up at once; the timer below is the backstop
+      const later = debounce(() => void this.refresh(), 300);
+      this._unsubscribe = sharedEventFeed().subscribe(() => later());
+    }
     if (this._timer === null) {
       this._timer = window.setInterval(() => {
         if (this.isVisible && document.visibilityState !== 'hidden') {
@@ -133,6 +173,9 @@ export class GoalsSidebar extends Widget {
   }
 
   private _stopTimer(): void {
+    this._detail.setLive(false);
+    this._unsubscribe?.();
+    this._unsubscribe = null;
     if (this._timer !== null) {
       window.clearInterval(this._timer);
       this._timer = null;
@@ -241,8 +284,13 @@ export class GoalsSidebar extends Widget {
       return;
     }
     const list = el('ul', 'jp-goals-session-list');
+    list.setAttribute('role', 'listbox');
+    const selected = this._detail.sessionId;
     for (const session of sessions) {
-      list.append(sessionRow(session));
+      const row = sessionRow(session);
+      row.classList.toggle('jp-mod-selected', session.session_id === selected);
+      row.setAttribute('aria-selected', String(session.session_id === selected));
+      list.append(row);
     }
     this._sessionsNode.replaceChildren(heading, list);
   }
@@ -264,6 +312,8 @@ export class GoalsSidebar extends Widget {
   private readonly _healthNode: HTMLElement;
   private readonly _sessionsNode: HTMLElement;
   private readonly _updatedNode: HTMLElement;
+  private readonly _detail: SessionDetail;
+  private _unsubscribe: (() => void) | null = null;
   private _hasHealth = false;
   private _pending: Promise<void> | null = null;
   private _timer: number | null = null;
@@ -273,6 +323,9 @@ function sessionRow(session: ISessionSummary): HTMLLIElement {
   const row = el('li', 'jp-goals-session');
   row.dataset.testid = 'goals-session';
   row.dataset.sessionId = session.session_id;
+  row.setAttribute('role', 'option');
+  row.tabIndex = 0;
+  row.title = 'Show this session';
 
   const title = el(
     'span',
