@@ -86,6 +86,7 @@ class ReasonCode(StrEnum):
     GOAL_VERIFYING = "goal_verifying"
     GOAL_ACHIEVED = "goal_achieved"
     GOAL_REVISED = "goal_revised"
+    AWAITING_SUBTASK = "awaiting_subtask"
 
 
 REASON_TEXT: dict[ReasonCode, str] = {
@@ -123,6 +124,7 @@ REASON_TEXT: dict[ReasonCode, str] = {
     ReasonCode.GOAL_VERIFYING: "Checking the Goal's requirements against the evidence.",
     ReasonCode.GOAL_ACHIEVED: "Every requirement of the Goal was met when it was verified.",
     ReasonCode.GOAL_REVISED: "The Goal was edited; earlier acceptance and continuations no longer apply.",
+    ReasonCode.AWAITING_SUBTASK: "Waiting for a subtask to finish; its result is delivered here once, then the work goes on.",
     ReasonCode.RECOVERY_STATE_UNREADABLE: (
         "The record of earlier unknown outcomes could not be read, so the tool call was rejected; Retry, Pause or End it."
     ),
@@ -188,6 +190,8 @@ class ItemKind(StrEnum):
     # model reads as a user-role message but the chat does not show, and a terminal Goal record
     GOAL_PROMPT = "goal_prompt"
     GOAL_RECORD = "goal_record"
+    # a finished subtask's result delivered to its parent once (user-role for the model)
+    SUBTASK_RESULT = "subtask_result"
 
 
 class TranscriptItem(BaseModel):
@@ -254,6 +258,7 @@ class ProviderRequest(BaseModel):
     messages: list[ProviderMessage]
     tools: list[dict[str, Any]] = Field(default_factory=list)
     goal_objective: str | None = None
+    max_output_tokens: int | None = None  # a hard budget's audited per-request output limit
 
 
 class ProviderResponse(BaseModel):
@@ -302,6 +307,17 @@ class PostMessage(Strict):
     text: str = Field(min_length=1)
     client_request_id: str = Field(min_length=1, max_length=200)
     delivery: Literal["queue", "steer"] = "queue"
+
+
+class CreateJob(Strict):
+    """``POST /jobs``: background work on the chat execution layer, under the caller session's
+    permissions and the shared quota, attributed to the caller's Goal (``goal_id``, else the caller
+    session's active Goal) at this admission boundary."""
+
+    session_id: str = Field(min_length=1)
+    input: str = Field(min_length=1)
+    goal_id: str | None = Field(default=None, min_length=1)
+    client_request_id: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class SessionAction(Strict):
@@ -378,11 +394,15 @@ class Requirement(Strict):
 
 
 class Budget(Strict):
-    """Unlimited unless set. Enforcement belongs to the usage ledger (issue 5); stored here."""
+    """Hard limits, unlimited unless set; enforced by ``jupyter_goals.budget`` before every paid request."""
 
     max_cost_usd: float | None = Field(default=None, ge=0)
     max_tokens: int | None = Field(default=None, ge=0)
     max_active_seconds: float | None = Field(default=None, ge=0)
+    # audited per-request limits: with a known price they make a request's maximum cost computable,
+    # so it can be reserved before dispatch (output is also sent to the provider as its limit)
+    max_input_tokens_per_request: int | None = Field(default=None, ge=1)
+    max_output_tokens_per_request: int | None = Field(default=None, ge=1)
 
 
 class CreateGoal(Strict):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from jupyter_goals import faults
 from jupyter_goals.identity import ProcessIdentity
+from jupyter_goals.prices import PriceTable, PriceTableError, load_price_table
 from jupyter_goals.runtime.tools import ToolRegistry
 from jupyter_goals.runtime.turn import TurnRunner
 from jupyter_goals.store import control as c
@@ -50,8 +51,10 @@ class Worker:
         trusted_tools: dict[str, dict[str, str]] | None = None,
         poll_s: float = 0.05,
         retry_base_s: float = 1.0,
+        prices: PriceTable | None = None,
     ) -> None:
         self.worker_id = worker_id
+        self.prices = prices
         self.db = Database(control_url, inline=True)
         self.state_dir = state_dir
         self.capacity = capacity
@@ -101,7 +104,7 @@ class Worker:
     def _runner(self, attempt: Row) -> TurnRunner:
         return TurnRunner(
             self.db, attempt, state_dir=self.state_dir, registry=self.registry, default_model=self.default_model,
-            cwd=attempt["cwd"], retry_base_s=self.retry_base_s,
+            cwd=attempt["cwd"], retry_base_s=self.retry_base_s, prices=self.prices,
         )
 
     async def _run_attempt(self, runner: TurnRunner) -> None:
@@ -163,16 +166,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--default-model", required=True)
     p.add_argument("--trusted-tools", default="{}")
     p.add_argument("--retry-base-s", type=float, default=1.0)
+    p.add_argument("--price-table", default="", help="the server's price table file (empty: the bundled one)")
     p.add_argument("--no-parent-death", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="[worker %(process)d] %(levelname)s %(message)s")
     if not args.no_parent_death:
         die_with_parent()
     faults.configure(args.state_dir)
+    try:
+        prices: PriceTable | None = load_price_table(args.price_table or None)
+    except PriceTableError as exc:  # quotes stay unknown: hard cost budgets are then unverifiable
+        log.error("price table unreadable: %s", exc)
+        prices = None
     worker = Worker(
         args.worker_id, args.control_url, Path(args.state_dir), capacity=args.capacity, heartbeat_s=args.heartbeat_s,
         lease_ttl_s=args.lease_ttl_s, default_model=args.default_model, trusted_tools=json.loads(args.trusted_tools),
-        retry_base_s=args.retry_base_s,
+        retry_base_s=args.retry_base_s, prices=prices,
     )
 
     async def amain() -> None:

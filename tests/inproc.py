@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_goals.identity import ProcessIdentity, boot_id, host_name
+from jupyter_goals.prices import PriceTable
 from jupyter_goals.recovery.coordinator import Coordinator, RecoveryReport
 from jupyter_goals.runtime.tools import ToolRegistry
 from jupyter_goals.runtime.turn import TurnRunner
@@ -32,7 +33,9 @@ def exited_pid() -> int:
 
 
 class Rig:
-    def __init__(self, tmp_path: Path, rules: list[dict[str, Any]], trusted_tools: dict[str, Any] | None = None) -> None:
+    def __init__(self, tmp_path: Path, rules: list[dict[str, Any]], trusted_tools: dict[str, Any] | None = None,
+                 prices: PriceTable | None = None) -> None:
+        self.prices = prices
         self.state = tmp_path / "state"
         self.root = tmp_path / "root"
         self.state.mkdir()
@@ -46,7 +49,7 @@ class Rig:
         self.wdb = Database(url, inline=True)
         self.registry = ToolRegistry(trusted_tools)
         self.coordinator = Coordinator(self.db, state_dir=self.state, default_model=self.model, registry=self.registry,
-                                       recovery_backoff_s=0.0)
+                                       recovery_backoff_s=0.0, prices=prices)
 
     def close(self) -> None:
         self.db.close()
@@ -80,7 +83,7 @@ class Rig:
 
     def _runner(self, attempt: Row) -> TurnRunner:
         return TurnRunner(self.wdb, attempt, state_dir=self.state, registry=self.registry, default_model=self.model,
-                          cwd=str(self.root), retry_base_s=0.05)
+                          cwd=str(self.root), retry_base_s=0.05, prices=self.prices)
 
     async def step(self) -> bool:
         """recover() (which admits), then run one admitted attempt to its end. False if none was admitted."""

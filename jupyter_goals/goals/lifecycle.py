@@ -116,10 +116,14 @@ def revise(tx: Tx, goal_id: str, expected_revision: int, *, objective: str | Non
         fields["requirements_state"] = "given" if new_reqs else "pending"
     if goal["phase"] == GoalPhase.VERIFYING:  # acceptance of the old revision no longer counts
         fields.update(phase=GoalPhase.WORKING.value, reason_code="", reason="")
+    if budget is not None and goal["state"] == GoalState.BUDGET_EXHAUSTED:  # a new budget: checked again
+        fields.update(state=GoalState.ACTIVE.value, reason_code="", reason="")
     goal = g.update_goal(tx, goal, expected_revision, **fields)
     if actor == "user":
         work = c.get_work(tx, goal["work_id"])
         _bump_control(tx, work, "revise", revision)
+        if work["reason_code"] in (ReasonCode.BUDGET_EXHAUSTED, ReasonCode.BUDGET_UNVERIFIABLE):
+            c.set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)  # admission rechecks the new budget
         code, sentence = str(ReasonCode.GOAL_REVISED), "Withdrawn because the Goal was edited; it is asked again if still needed."
         c.invalidate_approvals(tx, work["work_id"], sentence, code)
         note = f"The Goal was revised by the user (revision {revision})" + (f": {reason}" if reason else ".")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jupyter_goals import budget
 from jupyter_goals.faults import crash_point
 from jupyter_goals.goals import lifecycle, rules
 from jupyter_goals.models import (
@@ -40,6 +41,7 @@ from jupyter_goals.models import (
     TurnState,
     reason_text,
 )
+from jupyter_goals.prices import PriceTable
 from jupyter_goals.providers.base import ProviderError, ProviderUnavailable, resolve_provider
 from jupyter_goals.store import control as c
 from jupyter_goals.store import goals as g
@@ -83,6 +85,7 @@ class StepContext:
     default_model: str
     read_tool_schemas: list[dict[str, Any]] = field(default_factory=list)
     run_read_tool: Callable[[str, dict[str, Any]], Awaitable[str]] | None = None
+    prices: PriceTable | None = None
 
     @property
     def aid(self) -> str:
@@ -195,8 +198,10 @@ def _record(ctx: StepContext, tx: Tx, purpose: Purpose) -> tuple[Row, Row, str, 
     assert goal is not None
     model = c.get_session(tx, work["session_id"])["model"] or ctx.default_model
     rid = c.new_id("req")
+    held = budget.admit_request(tx, goal, model, ctx.prices)  # rechecked before requirements and acceptance
     c.record_request(tx, work, request_id=rid, attempt_id=ctx.aid, turn_id=ctx.attempt["turn_id"],
-                     purpose=purpose.value, model=model)
+                     purpose=purpose.value, model=model, reserved_usd=held.usd, reserved_tokens=held.tokens,
+                     reservation_ttl_s=budget.RESERVATION_TTL_S)
     return work, goal, model, rid
 
 
@@ -222,7 +227,8 @@ async def extract_requirements(ctx: StepContext) -> None:
 
     def commit(tx: Tx) -> None:
         ctx.fence(tx)
-        c.settle_request(tx, request.request_id, response.usage.model_dump() if response.usage else None)
+        c.settle_request(tx, request.request_id, response.usage.model_dump() if response.usage else None,
+                         prices=ctx.prices)
         work = c.get_work(tx, ctx.attempt["work_id"])
         goal = g.goal_of_work(tx, work["work_id"])
         if goal is None or goal["requirements_state"] != "pending":
@@ -407,7 +413,7 @@ async def _review(ctx: StepContext, plan: _Plan, semantic: list[dict[str, Any]])
 
 def _settle(ctx: StepContext, tx: Tx, *, request_id: str, response: ProviderResponse) -> None:
     ctx.fence(tx)
-    c.settle_request(tx, request_id, response.usage.model_dump() if response.usage else None)
+    c.settle_request(tx, request_id, response.usage.model_dump() if response.usage else None, prices=ctx.prices)
 
 
 async def _read_only(ctx: StepContext, call: ToolCallSpec) -> str:

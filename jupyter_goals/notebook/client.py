@@ -128,6 +128,34 @@ class GoalsClient:
     def history_record(self, record_id: str) -> dict[str, Any]:
         return dict(_check(self.http.get(f"/history/{record_id}")))
 
+    # ------------------------------------------------------------------ jobs
+    def create_job(self, session_id: str, input: str, goal_id: str | None = None,
+                   client_request_id: str | None = None) -> dict[str, Any]:
+        """Start a background Job under ``session_id``'s permissions and the shared quota; it is attributed
+        to ``goal_id`` (else the session's active Goal). → ``{job_id, work_id, session_id}``; a repeated
+        ``client_request_id`` returns the same Job."""
+        body: dict[str, Any] = {"session_id": session_id, "input": input}
+        if goal_id is not None:
+            body["goal_id"] = goal_id
+        if client_request_id is not None:
+            body["client_request_id"] = client_request_id
+        return dict(_check(self.http.post("/jobs", json=body)))
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """The Job's work state, phase, reason, actions, saved Goal identity and (once done) its result."""
+        return dict(_check(self.http.get(f"/jobs/{job_id}")))
+
+    def wait_job(self, job_id: str, phases: tuple[str, ...] = ("done",), timeout: float = 60.0) -> dict[str, Any]:
+        """Poll the Job until its work reaches one of ``phases``."""
+        deadline = time.monotonic() + timeout
+        job: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if job["work"]["phase"] in phases:
+                return job
+            time.sleep(0.1)
+        raise TimeoutError(f"job {job_id} did not reach {phases}: {job.get('work')}")
+
     def wait_goal(self, goal_id: str, states: tuple[str, ...] = ("achieved",), timeout: float = 60.0) -> dict[str, Any]:
         """Poll the Goal until it reaches one of ``states``."""
         deadline = time.monotonic() + timeout

@@ -229,6 +229,8 @@ class OpenAICompatProvider:
         }
         if request.tools:
             body["tools"] = request.tools
+        if request.max_output_tokens is not None:
+            body["max_tokens"] = request.max_output_tokens
         return body
 
     def build_headers(self, request: ProviderRequest) -> dict[str, str]:

@@ -15,15 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jupyter_goals import budget
 from jupyter_goals.faults import crash_point
 from jupyter_goals.goals.lifecycle import goal_wait
 from jupyter_goals.identity import ProcessIdentity
 from jupyter_goals.models import DesiredState, EffectState, ItemKind, Phase, ReasonCode, TurnState
+from jupyter_goals.prices import PriceTable
 from jupyter_goals.providers.base import check_model
 from jupyter_goals.recovery.decide import Action, Owner, RecoveryFacts, decide
 from jupyter_goals.recovery.repair import late_receipt_text, placeholder_text
 from jupyter_goals.runtime.tools import ToolRegistry, shell_alive, shell_result_text
 from jupyter_goals.store import control as c
+from jupyter_goals.store import waits
 from jupyter_goals.store.db import Database, Row, Tx, VersionConflict
 
 
@@ -35,10 +38,12 @@ class RecoveryReport:
     admitted: list[str] = field(default_factory=list)
     charged: dict[str, str] = field(default_factory=dict)  # work_id -> worker whose death it was charged with
     reconciled: list[str] = field(default_factory=list)  # call ids whose late receipt was appended
+    notified: list[dict[str, Any]] = field(default_factory=list)  # missed wait notifications found
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "reconciled": self.reconciled,
+            "notified": self.notified,
             "dead_workers": self.dead_workers,
             "recovered": self.recovered,
             "decisions": self.decisions,
@@ -64,6 +69,7 @@ class Coordinator:
         allow_cross_host_takeover: bool = False,
         max_recovery_attempts: int = 5,
         recovery_backoff_s: float = 1.0,
+        prices: PriceTable | None = None,
     ) -> None:
         self.db = db
         self.state_dir = state_dir
@@ -73,6 +79,8 @@ class Coordinator:
         self.allow_cross_host_takeover = allow_cross_host_takeover
         self.max_recovery_attempts = max_recovery_attempts
         self.recovery_backoff_s = recovery_backoff_s
+        self.prices = prices  # hard cost budgets quote the next request's reservation with it
+        self._held: dict[str, budget.Problem] = {}  # this pass's budget problems, by work_id
         self.me = ProcessIdentity.current()
         self.claimant = f"{self.me.host_name}|{self.me.boot_id}|{self.me.pid}|{self.me.start_time}"
         self.admission_open = True
@@ -86,6 +94,7 @@ class Coordinator:
             if mode:
                 report.recovered[attempt["work_id"]] = mode
         report.reconciled = await self.db.run(self._late_receipts)
+        report.notified = await self.db.run(lambda tx: waits.reconcile_waits(tx, time.time()))
         await self.db.run(lambda tx: self._reconcile(tx, report))
         return report
 
@@ -290,6 +299,7 @@ class Coordinator:
                        and int(latest["control_version"]) == int(work["control_version"]))
         pending = tx.one("SELECT approval_id FROM approvals WHERE work_id = ? AND state = 'pending' LIMIT 1",
                          (work["work_id"],)) is not None
+        held = self._budget_problem(tx, work, model, now)
         return RecoveryFacts(
             desired_state=DesiredState(work["desired_state"]),
             reason_code=work["reason_code"],
@@ -298,6 +308,8 @@ class Coordinator:
             auto_recover=bool(work["auto_recover"]),
             pending_approval=pending,
             goal_wait=goal_wait(tx, work["work_id"]) if work["kind"] == "goal" else None,
+            dependency_wait=ReasonCode.AWAITING_SUBTASK if waits.open_wait_count(tx, work["work_id"]) else None,
+            budget_problem=held.code if held else None,
             cwd_exists=os.path.isdir(session["cwd"]),
             model_problem=models[model],
             changed_tools=tuple(changed),
@@ -309,8 +321,16 @@ class Coordinator:
             unknown_effects=tuple(u["call_id"] for u in c.unknown_effects(tx, work["work_id"])),
         )
 
+    def _budget_problem(self, tx: Tx, work: Row, model: str, now: float) -> budget.Problem | None:
+        """Hard budgets are rechecked before every admission, recovery included (never a default limit)."""
+        problem = budget.admission_problem(tx, work, model, self.prices, now)
+        if problem is not None:
+            self._held[work["work_id"]] = problem
+        return problem
+
     def _reconcile(self, tx: Tx, report: RecoveryReport) -> None:
         now = time.time()
+        self._held.clear()
         rows = tx.all(
             "SELECT * FROM work_items WHERE phase NOT IN ('done', 'cancelled') ORDER BY created_at"
         )
@@ -350,7 +370,9 @@ class Coordinator:
                 c.set_phase(tx, work, Phase.FAILED, d.reason_code, self._explain(work, d.reason_code, now))
             elif d.action == Action.WAIT:
                 busy.add(sid)
-                if work["reason_code"] != d.reason_code or work["phase"] != Phase.WAITING:
+                if (problem := self._held.pop(work["work_id"], None)) is not None and problem.code == d.reason_code:
+                    budget.hold(tx, work, problem)  # the sentence says what is known, reserved and missing
+                elif work["reason_code"] != d.reason_code or work["phase"] != Phase.WAITING:
                     c.set_phase(tx, work, Phase.WAITING, d.reason_code, self._explain(work, d.reason_code, now))
             elif d.action == Action.ADMIT:
                 if sid in busy or sid in runnable:

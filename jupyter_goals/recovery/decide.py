@@ -1,7 +1,7 @@
 """``decide()``: what to do with a work item that has no live attempt. Pure: facts in, decision out.
 
 Priority (spec "Decide"): user stop/pause > live or unreachable owner > auto-recovery disabled >
-pending approval > permissions > budget > resources (cwd, model, credentials, tool version) >
+pending approval > Goal and dependency waits > permissions > budget > resources (cwd, model, credentials, tool version) >
 crash-loop cap > durable retry time > admit. Unknown effects restrict the next turn; they do not
 block it. There is no expiry by age: how long ago the work was last touched is not a fact here.
 """
@@ -42,6 +42,8 @@ class RecoveryFacts:
     pending_approval: bool = False
     # the item's Goal holds it back (blocked, budget_exhausted, awaiting_clarification): a durable wait
     goal_wait: ReasonCode | None = None
+    # a durable wait still open (a subtask not finished): waiting, no model turns until it is notified
+    dependency_wait: ReasonCode | None = None
     permission_revoked: bool = False
     budget_problem: ReasonCode | None = None
     cwd_exists: bool = True
@@ -87,6 +89,8 @@ def decide(f: RecoveryFacts) -> RecoveryDecision:
         return RecoveryDecision(Action.WAIT, Phase.WAITING, ReasonCode.AWAITING_APPROVAL)
     if f.goal_wait is not None:  # waiting without idle model turns
         return RecoveryDecision(Action.WAIT, Phase.WAITING, f.goal_wait)
+    if f.dependency_wait is not None:
+        return RecoveryDecision(Action.WAIT, Phase.WAITING, f.dependency_wait)
     if f.permission_revoked:
         return RecoveryDecision(Action.WAIT, Phase.WAITING, ReasonCode.PERMISSION_REVOKED)
     if f.budget_problem is not None:

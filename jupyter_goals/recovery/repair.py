@@ -73,7 +73,8 @@ def repair_history(
     messages = [ProviderMessage(role="system", content=system_prompt)] if system_prompt is not None else []
     emitted: set[tuple[str, str]] = set()
     for item in ordered:
-        if item.kind in (ItemKind.USER, ItemKind.GOAL_PROMPT):  # a Goal's continuation prompt is user-role
+        if item.kind in (ItemKind.USER, ItemKind.GOAL_PROMPT, ItemKind.SUBTASK_RESULT):  # continuation prompts and
+            # delivered subtask results are user-role
             messages.append(ProviderMessage(role="user", content=item.content))
         elif item.kind in _RESPONSE_KINDS and _group_key(item) not in emitted:
             # The first item of a response (in seq order) fixes where the whole response goes.

@@ -27,6 +27,7 @@ class WorkerConfig:
     lease_ttl_s: float
     retry_base_s: float
     trusted_tools: dict[str, Any] = field(default_factory=dict)
+    price_table: str = ""
 
 
 class Supervisor:
@@ -53,7 +54,7 @@ class Supervisor:
             "--control-url", cfg.control_url, "--state-dir", cfg.state_dir, "--capacity", str(cfg.capacity),
             "--heartbeat-s", str(cfg.heartbeat_s), "--lease-ttl-s", str(cfg.lease_ttl_s),
             "--default-model", cfg.default_model, "--trusted-tools", json.dumps(cfg.trusted_tools),
-            "--retry-base-s", str(cfg.retry_base_s),
+            "--retry-base-s", str(cfg.retry_base_s), "--price-table", cfg.price_table,
         ]
         proc = await asyncio.create_subprocess_exec(*args, env=dict(os.environ), stdin=asyncio.subprocess.DEVNULL)
         self.procs[worker_id] = proc

@@ -27,6 +27,7 @@ from jupyter_goals.goals import tools as state_tools
 from jupyter_goals.goals.tools import StateImpl
 from jupyter_goals.identity import boot_id, process_start_time
 from jupyter_goals.models import Capability
+from jupyter_goals.runtime import subtasks
 
 MAX_OUTPUT = 20000
 
@@ -296,6 +297,9 @@ BUILTINS += [
              state_tools.SCHEMAS[name][1], state_impl=impl)
     for name, impl in state_tools.IMPLS.items()
 ]
+# creates work: committed like a state tool, but permission-checked (runtime/subtasks.py)
+BUILTINS.append(ToolSpec("spawn_subtask", Capability.STATE_TOOL, in_transaction_only, subtasks.SCHEMA[0],
+                         subtasks.SCHEMA[1], state_impl=subtasks.spawn_subtask))
 
 
 @functools.cache

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jupyter_goals import budget
 from jupyter_goals.faults import crash_point
 from jupyter_goals.goals import lifecycle as goal_lifecycle
 from jupyter_goals.goals import steps as goal_steps
@@ -30,10 +31,13 @@ from jupyter_goals.models import (
     ReasonCode,
     TurnState,
     Usage,
+    WorkKind,
 )
+from jupyter_goals.prices import PriceTable
 from jupyter_goals.providers.base import ProviderError, ProviderUnavailable, resolve_provider
 from jupyter_goals.recovery.repair import repair_history
 from jupyter_goals.runtime.permissions import CallFacts, check_call
+from jupyter_goals.runtime.subtasks import CREATES_WORK
 from jupyter_goals.runtime.tools import (
     ToolContext,
     ToolRegistry,
@@ -44,6 +48,7 @@ from jupyter_goals.runtime.tools import (
     wait_shell,
 )
 from jupyter_goals.store import control as c
+from jupyter_goals.store import waits
 from jupyter_goals.store.db import Database, FencedError, Row, Tx
 
 log = logging.getLogger(__name__)
@@ -56,7 +61,7 @@ SYSTEM_PROMPT = (
 
 @dataclass
 class Step:
-    kind: str  # stop | reattach | dispatch | approval | provider | finish
+    kind: str  # stop | reattach | dispatch | approval | deliver | provider | finish
     effect: Row | None = None
     approval: Row | None = None
     detail: dict[str, Any] = field(default_factory=dict)
@@ -79,8 +84,10 @@ class TurnRunner:
         default_model: str,
         cwd: str,
         retry_base_s: float = 1.0,
+        prices: PriceTable | None = None,
     ) -> None:
         self.cwd = cwd
+        self.prices = prices  # quotes each settled request for the hard-budget checks
         self.db = db
         self.attempt = attempt
         self.aid: str = attempt["attempt_id"]
@@ -106,6 +113,8 @@ class TurnRunner:
                 elif step.kind == "dispatch":
                     assert step.effect is not None
                     await self._dispatch(step.effect, step.approval)
+                elif step.kind == "deliver":
+                    await self._deliver()
                 elif step.kind == "provider":
                     if not await self._provider_step():
                         return
@@ -128,10 +137,17 @@ class TurnRunner:
                 return Step("reattach", effect=eff)
         for eff in effects:
             if eff["state"] == EffectState.PLANNED:
-                if trusted_state_tool(self.registry.get(eff["tool"]), eff) and goal_tools.runs_freely(
-                        tx, eff["tool"], work["work_id"]):
+                if trusted_state_tool(self.registry.get(eff["tool"]), eff) and eff["tool"] not in CREATES_WORK \
+                        and goal_tools.runs_freely(tx, eff["tool"], work["work_id"]):
                     return Step("dispatch", effect=eff)  # Goal-ledger writes, committed with their record
                 return self._permission_step(tx, work, eff)
+        if waits.open_wait_count(tx, work["work_id"]):  # a durable wait: no idle model turns until notified
+            waits.observe(tx, work)
+            c.end_attempt(tx, self.attempt, "awaiting_subtask")
+            c.set_phase(tx, work, Phase.WAITING, ReasonCode.AWAITING_SUBTASK)
+            return Step("stop")
+        if waits.waits_of(tx, work["work_id"], "ready"):
+            return Step("deliver")
         steer = c.pending_steer(tx, work["work_id"])
         for m in steer:
             c.append_item(tx, work["session_id"], ItemKind.USER, "user", m["text"], work_id=work["work_id"],
@@ -173,6 +189,10 @@ class TurnRunner:
         )
         work["desired_state"] = "done"
         c.set_phase(tx, work, Phase.DONE, ReasonCode.COMPLETED)
+        if work["kind"] in (WorkKind.JOB, WorkKind.SUBTASK):  # its result is durable; its waiters are notified
+            reply = tx.one("SELECT content FROM transcript WHERE turn_id = ? AND kind = 'assistant' ORDER BY seq DESC"
+                           " LIMIT 1", (turn_id,))
+            waits.save_result(tx, work, "completed", reply["content"] if reply else "")
 
     def _permission_step(self, tx: Tx, work: Row, eff: Row) -> Step:
         """Run, wait for an approval, or reject: ``check_call`` decides from the effect's saved
@@ -237,6 +257,18 @@ class TurnRunner:
                       item_id=f"denied:{eff['call_id']}", work_id=work["work_id"], turn_id=eff["turn_id"],
                       call_id=eff["call_id"], tool=eff["tool"], state=str(EffectState.DENIED))
         c.bump_commit_point(tx, work["work_id"])
+
+    async def _deliver(self) -> None:
+        """Subtask results that arrived (while this work waited, was paused, or the server was down)
+        join the transcript once: delivery and consumption commit together under the fence."""
+        crash_point("child.before_delivery")
+
+        def deliver(tx: Tx) -> None:
+            c.fence(tx, self.aid, self.gen)
+            waits.deliver(tx, c.get_work(tx, self.attempt["work_id"]), self.attempt["turn_id"])
+
+        await self.db.run(deliver)
+        crash_point("child.after_delivery")
 
     # ------------------------------------------------------------------ tools
     def _spec_and_ctx(self, eff: Row) -> tuple[ToolSpec | None, ToolContext]:
@@ -328,7 +360,7 @@ class TurnRunner:
             return (await read_tools[name].impl(ctx, args)).content
 
         ctx = goal_steps.StepContext(self.db, self.attempt, self.gen, self.cwd, self.default_model,
-                                     [s.schema() for s in read_tools.values()], run_read_tool)
+                                     [s.schema() for s in read_tools.values()], run_read_tool, self.prices)
         try:
             if kind == "requirements":
                 await goal_steps.extract_requirements(ctx)
@@ -336,6 +368,10 @@ class TurnRunner:
             return await goal_steps.verify(ctx)
         except goal_steps.StepProviderFault as exc:
             fault = exc
+        except budget.BudgetHeld as held:
+            problem = held.problem
+            await self.db.run(lambda tx: self._budget_held(tx, problem))
+            return False
         await self.db.run(lambda tx: self._provider_failed(tx, fault.request_id, fault.error, fault.code, fault.status))
         return False
 
@@ -349,19 +385,30 @@ class TurnRunner:
             request_id = c.new_id("req")
             model = session["model"] or self.default_model
             goal = goal_lifecycle.attribute(tx, work)  # goal_id + revision fixed before dispatch
+            # the Goal's hard budget (a Job's or subtask's too) is rechecked before every request;
+            # BudgetHeld leaves nothing recorded and nothing sent
+            held = budget.admit_request(tx, goal or budget.governing_goal(tx, work), model, self.prices)
             c.record_request(tx, work, request_id=request_id, attempt_id=self.aid, turn_id=self.attempt["turn_id"],
-                             purpose=Purpose.WORK.value, model=model)
+                             purpose=Purpose.WORK.value, model=model, reserved_usd=held.usd,
+                             reserved_tokens=held.tokens, reservation_ttl_s=budget.RESERVATION_TTL_S)
             req = ProviderRequest(
                 request_id=request_id,
                 purpose=Purpose.WORK,
                 messages=repair_history(items, SYSTEM_PROMPT),
                 tools=self.registry.schemas(),
                 goal_objective=goal["objective"] if goal else None,
+                max_output_tokens=budget.goal_budget(goal).get("max_output_tokens_per_request") if goal else None,
             )
             return req, work, session
 
-        request, work, session = await self.db.run(prepare)
+        try:
+            request, work, session = await self.db.run(prepare)
+        except budget.BudgetHeld as held:
+            problem = held.problem
+            await self.db.run(lambda tx: self._budget_held(tx, problem))
+            return False
         model = session["model"] or self.default_model
+        reserved_until = time.time() + budget.RESERVATION_TTL_S
         crash_point("provider.before_request")
         watermark: list[Usage] = []  # the last cumulative usage snapshot of this request (replaced, never summed)
 
@@ -369,13 +416,16 @@ class TurnRunner:
             watermark[:] = [usage]
 
         answered = True  # the provider answered (an HTTP error, or nothing sent at all): nothing consumed
+        expired = time.time() > reserved_until  # an expired unstarted reservation cannot dispatch
         try:
+            if expired:
+                raise ProviderError("the budget reservation expired before the request was sent", retryable=True)
             provider = resolve_provider(model)
             response = await provider.complete(request, on_usage=on_usage)
         except ProviderUnavailable as unavailable:
             error, code, status = str(unavailable), unavailable.reason_code, None
         except ProviderError as fault:
-            error, status, answered = str(fault), fault.status, fault.status is not None
+            error, status, answered = str(fault), fault.status, fault.status is not None or expired
             code = ReasonCode.PROVIDER_RETRYING if fault.retryable else ReasonCode.PROVIDER_FAILED
         else:
             error = ""
@@ -386,7 +436,8 @@ class TurnRunner:
                 if used is None:
                     c.lose_request(tx, request.request_id, error)
                 else:  # a stream lost after a usage snapshot consumed at least that much: a lower bound
-                    c.settle_request(tx, request.request_id, used.model_dump(), error=error, partial=bool(watermark))
+                    c.settle_request(tx, request.request_id, used.model_dump(), error=error, partial=bool(watermark),
+                                     prices=self.prices)
                 self._provider_failed(tx, request.request_id, error, code, status)
 
             await self.db.run(failed)
@@ -395,6 +446,14 @@ class TurnRunner:
         await self.db.run(lambda tx: self._commit_response(tx, work, request, response, model))
         crash_point("provider.after_commit")
         return True
+
+    def _budget_held(self, tx: Tx, problem: budget.Problem) -> None:
+        """No paid request may start: end the attempt before anything is recorded or sent; the work
+        waits with the budget's reason and the Coordinator rechecks it on every pass."""
+        c.fence(tx, self.aid, self.gen)
+        work = c.get_work(tx, self.attempt["work_id"])
+        c.end_attempt(tx, self.attempt, f"budget: {problem.code}")
+        budget.hold(tx, work, problem)
 
     def _provider_failed(self, tx: Tx, request_id: str, error: str, code: ReasonCode, status: int | None) -> None:
         c.fence(tx, self.aid, self.gen)
@@ -436,5 +495,6 @@ class TurnRunner:
                  str(spec.capability if spec else Capability.UNKNOWN), spec.identity if spec else "",
                  spec.digest if spec else "", now, seq),
             )
-        c.settle_request(tx, request.request_id, response.usage.model_dump() if response.usage else None)
+        c.settle_request(tx, request.request_id, response.usage.model_dump() if response.usage else None,
+                         prices=self.prices)
         tx.execute("UPDATE work_items SET next_attempt_at = 0 WHERE work_id = ?", (work["work_id"],))

@@ -24,6 +24,7 @@ from jupyter_goals.goals.rules import InvalidGoalChange
 from jupyter_goals.models import (
     ApprovalDecision,
     CreateGoal,
+    CreateJob,
     CreateSession,
     GlobalAction,
     GoalAction,
@@ -328,6 +329,25 @@ class HistoryRecordHandler(GoalsHandler):
         self.finish(await self.service.history_record(record_id))
 
 
+class JobsHandler(GoalsHandler):
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def post(self) -> None:
+        body = self.body(CreateJob)
+        answer, _created = await self.service.create_job(body)
+        self.set_status(202)
+        self.finish(answer)
+
+
+class JobHandler(GoalsHandler):
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def get(self, job_id: str) -> None:
+        self.finish(await self.service.get_job(job_id))
+
+
 def handlers(base: str) -> list[tuple[str, type[GoalsHandler]]]:
     p = base.rstrip("/") + "/api/goals"
     sid = r"(?P<session_id>[A-Za-z0-9_\-]+)"
@@ -348,4 +368,6 @@ def handlers(base: str) -> list[tuple[str, type[GoalsHandler]]]:
         (p + f"/goals/{gid}/actions", GoalActionsHandler),
         (p + f"/sessions/{sid}/history", SessionHistoryHandler),
         (p + r"/history/(?P<record_id>[A-Za-z0-9_\-]+)", HistoryRecordHandler),
+        (p + "/jobs", JobsHandler),
+        (p + r"/jobs/(?P<job_id>[A-Za-z0-9_\-]+)", JobHandler),
     ]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jupyter_goals import budget as budgets
 from jupyter_goals import faults
 from jupyter_goals.goals import lifecycle as goal_lifecycle
 from jupyter_goals.identity import boot_id, host_name
@@ -21,6 +22,7 @@ from jupyter_goals.models import (
     REASON_TEXT,
     Actions,
     CreateGoal,
+    CreateJob,
     CreateSession,
     DesiredState,
     GoalAction,
@@ -37,6 +39,7 @@ from jupyter_goals.runtime.tools import ToolRegistry
 from jupyter_goals.store import control as c
 from jupyter_goals.store import goals as goal_store
 from jupyter_goals.store import usage as u
+from jupyter_goals.store import waits
 from jupyter_goals.store.db import Database, MigrationFailed, Row, StorageUnavailable, Tx
 from jupyter_goals.store.events import EventTail
 from jupyter_goals.store.outbox import OutboxDispatcher
@@ -93,6 +96,14 @@ class GoalsService:
         self.control = Database(config.control_db_url)
         self.usage = Database(config.usage_db_url)
         self.registry = ToolRegistry(config.trusted_tools)
+        self.price_error: str | None = None
+        try:
+            prices = load_price_table(config.price_table or None)
+        except PriceTableError as exc:  # shown in health; every cost stays unknown rather than guessed
+            self.price_error = str(exc)
+            log.error("jupyter_goals: %s", exc)
+            prices = PriceTable.parse(b'{"version": "unreadable", "models": {}}')
+        self.prices = prices
         self.coordinator = Coordinator(
             self.control,
             state_dir=config.state_dir,
@@ -102,15 +113,8 @@ class GoalsService:
             allow_cross_host_takeover=config.allow_cross_host_takeover,
             max_recovery_attempts=config.max_recovery_attempts,
             recovery_backoff_s=config.recovery_backoff_s,
+            prices=prices,
         )
-        self.price_error: str | None = None
-        try:
-            prices = load_price_table(config.price_table or None)
-        except PriceTableError as exc:  # shown in health; every cost stays unknown rather than guessed
-            self.price_error = str(exc)
-            log.error("jupyter_goals: %s", exc)
-            prices = PriceTable.parse(b'{"version": "unreadable", "models": {}}')
-        self.prices = prices
         self.outbox = OutboxDispatcher(self.control, self.usage, prices)
         self.event_tail = EventTail(self.control)
         self.supervisor: Supervisor | None = None
@@ -119,6 +123,7 @@ class GoalsService:
         self.started = False  # the schema is migrated (or the store is degraded)
         self.usage_ready = False  # usage.db is migrated; until then receipts wait in the outbox
         self._usage_retry_at = 0.0
+        self._ledger_published: str | None = None  # the ledger state last written to control.db
         self.last_recovery: dict[str, Any] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -190,6 +195,7 @@ class GoalsService:
                     lease_ttl_s=self.config.lease_ttl_s,
                     retry_base_s=self.config.retry_base_s,
                     trusted_tools=self.config.trusted_tools or {},
+                    price_table=self.config.price_table,
                 ),
                 on_exit=self._worker_exited,
             )
@@ -257,7 +263,21 @@ class GoalsService:
                     self.usage_degraded = self.outbox.last_error
             except Exception as exc:
                 self.usage_degraded = str(exc)
+            await self._publish_ledger_state()
             await asyncio.sleep(0.2)
+
+    async def _publish_ledger_state(self) -> None:
+        """Tell hard-budget checks (workers, Coordinator) whether the usage ledger is being written:
+        while it is not, paid admission under a hard budget waits with ``budget_unverifiable``."""
+        state = self.usage_degraded or ""
+        if not self.started or self.degraded is not None or state == self._ledger_published:
+            return
+        try:
+            await self.control.run(lambda tx: budgets.set_ledger_error(tx, state))
+        except StorageUnavailable:
+            return
+        self._ledger_published = state
+        self._wake.set()  # recheck budgets now
 
     # ------------------------------------------------------------------ guards
     def check(self) -> None:
@@ -445,11 +465,48 @@ class GoalsService:
         return await self.event_tail.after(after, limit)
 
 
+    # ------------------------------------------------------------------ jobs
+    async def create_job(self, body: CreateJob) -> tuple[dict[str, Any], bool]:
+        """Commit the Job (its work item, saved Goal identity and permissions) before answering 202."""
+        self.check()
+        faults.crash_point("input.before_accept")
+        job, created = await self.control.run(lambda tx: waits.create_job(
+            tx, body.session_id, body.input, body.goal_id, body.client_request_id, host=host_name(),
+            auto_recover=self.config.auto_recover))
+        faults.crash_point("input.after_accept")
+        self.wake()
+        return {"job_id": job["job_id"], "work_id": job["work_id"], "session_id": job["session_id"]}, created
+
+    async def get_job(self, job_id: str) -> dict[str, Any]:
+        self.check()
+
+        def run(tx: Tx) -> dict[str, Any]:
+            view = waits.job_view(tx, waits.get_job(tx, job_id))
+            view["actions"] = actions_for(c.get_work(tx, view["work_id"])).model_dump()
+            return view
+
+        return await self.control.run(run, write=False)
+
     # ------------------------------------------------------------------ goals
     async def _goal_answer(self, fn: Any, write: bool = False) -> dict[str, Any]:
         """Run ``fn(tx) -> goal row`` and answer the goal view with its usage."""
-        view = await self.control.run(lambda tx: goal_lifecycle.view(tx, fn(tx)), write=write)
+        view = await self.control.run(lambda tx: self._goal_view(tx, fn(tx)), write=write)
         view["usage"] = await self.usage_summary(goal_id=view["goal_id"])
+        return view
+
+    def _goal_view(self, tx: Tx, goal: Row) -> dict[str, Any]:
+        """The Goal's REST view; with a hard budget, also what is spent, reserved and unknown."""
+        view = goal_lifecycle.view(tx, goal)
+        limits = budgets.goal_budget(goal)
+        if budgets.is_hard(limits):
+            spend = budgets.goal_spend(tx, goal["goal_id"])
+            view["budget_status"] = {
+                "known_cost_usd": round(spend.known_cost_usd, 6), "known_tokens": spend.known_tokens,
+                "uncertain_requests": spend.uncertain, "reserved_usd": spend.reserved_usd,
+                "reserved_tokens": spend.reserved_tokens, "unpriced_requests": spend.unpriced,
+                "active_seconds": round(spend.active_seconds, 3), "unknown_active_seconds": round(spend.unknown_seconds, 3),
+                "ledger_error": spend.ledger_error or None,
+            }
         return view
 
     async def create_goal(self, body: CreateGoal) -> dict[str, Any]:
@@ -478,9 +535,12 @@ class GoalsService:
         def run(tx: Tx) -> list[dict[str, Any]]:
             if session_id:
                 c.get_session(tx, session_id)  # 404 when unknown
-            return [goal_lifecycle.view(tx, goal) for goal in goal_store.list_goals(tx, session_id)]
+            return [self._goal_view(tx, goal) for goal in goal_store.list_goals(tx, session_id)]
 
-        return {"goals": await self.control.run(run, write=False)}
+        goals = await self.control.run(run, write=False)
+        for view in goals:
+            view["usage"] = await self.usage_summary(goal_id=view["goal_id"])
+        return {"goals": goals}
 
     async def update_goal(self, goal_id: str, body: UpdateGoal) -> dict[str, Any]:
         self.check()

@@ -22,8 +22,10 @@ from jupyter_goals.models import (
     ReasonCode,
     TranscriptItem,
     TurnState,
+    Usage,
     reason_text,
 )
+from jupyter_goals.prices import PriceTable
 from jupyter_goals.store.db import FencedError, NotFound, Row, Tx, VersionConflict
 
 
@@ -289,6 +291,14 @@ def apply_control(tx: Tx, work: Row, action: str, expected_version: int | None) 
         set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
     code, sentence = INVALIDATION_REASONS[action]
     invalidate_approvals(tx, work["work_id"], sentence, code)
+    # a child never outlives its parent's stop: stop and pause reach every unfinished subtask, resume
+    # the paused ones (they share the parent's run intent)
+    if action in ("pause", "stop", "resume"):
+        for child in tx.all("SELECT * FROM work_items WHERE parent_work_id = ? AND phase NOT IN ('done', 'cancelled')",
+                            (work["work_id"],)):
+            if child["desired_state"] == {"pause": "run", "resume": "paused"}.get(action, child["desired_state"]) \
+                    and child["desired_state"] != DesiredState.CANCELLED:
+                apply_control(tx, child, action, None)
     return work
 
 
@@ -304,7 +314,9 @@ def stop_all(tx: Tx) -> list[str]:
         "SELECT * FROM work_items WHERE desired_state IN ('run', 'paused') AND phase NOT IN ('done', 'cancelled')"
     )
     for work in rows:
-        apply_control(tx, work, "stop", None)
+        work = get_work(tx, work["work_id"])  # a parent's stop may already have stopped this subtask
+        if work["desired_state"] != DesiredState.CANCELLED:
+            apply_control(tx, work, "stop", None)
     return [r["work_id"] for r in rows]
 
 
@@ -334,6 +346,10 @@ def change_permissions(tx: Tx, session_id: str, permissions: dict[str, Any], exp
              session_id=session_id, work_id=work["work_id"])
         if invalidate_approvals(tx, work["work_id"], sentence, code) and work["desired_state"] == DesiredState.RUN:
             set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
+        # a subtask never holds more authority than its parent: its session follows the new scope
+        for child in tx.all("SELECT session_id FROM work_items WHERE parent_work_id = ? AND phase NOT IN ('done', 'cancelled')",
+                            (work["work_id"],)):
+            change_permissions(tx, child["session_id"], permissions, None)
     session = get_session(tx, session_id)
     return session
 
@@ -796,15 +812,18 @@ def list_approvals(tx: Tx, state: str | None, session_id: str | None = None) -> 
 def record_request(
     tx: Tx, work: Row, *, request_id: str, attempt_id: str, turn_id: str, purpose: str, model: str,
     parent_request_id: str | None = None, service_tier: str | None = None,
+    reserved_usd: float | None = None, reserved_tokens: int | None = None, reservation_ttl_s: float = 60.0,
 ) -> None:
-    """Fix a request's attribution before it is sent, in control.db and (through the outbox) usage.db."""
+    """Fix a request's attribution (and its budget reservation) before it is sent, in control.db and
+    (through the outbox) usage.db."""
     now = time.time()
     goal_id, goal_revision = work.get("goal_id"), work.get("goal_revision")
     tx.execute(
         "INSERT INTO requests (request_id, session_id, work_id, turn_id, attempt_id, purpose, model, goal_id,"
-        " goal_revision, state, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'sent', ?)",
+        " goal_revision, state, created_at, reserved_usd, reserved_tokens, reservation_expires_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'sent', ?, ?, ?, ?)",
         (request_id, work["session_id"], work["work_id"], turn_id, attempt_id, purpose, model, goal_id, goal_revision,
-         now),
+         now, reserved_usd, reserved_tokens, now + reservation_ttl_s),
     )
     enqueue_outbox(tx, f"request:{request_id}", "usage.request", {
         **_attribution(tx, request_id, work), "parent_request_id": parent_request_id, "service_tier": service_tier,
@@ -826,11 +845,21 @@ def _attribution(tx: Tx, request_id: str, work: Row | None = None) -> dict[str, 
 
 
 def settle_request(
-    tx: Tx, request_id: str, usage: dict[str, Any] | None, *, error: str | None = None, partial: bool = False
+    tx: Tx, request_id: str, usage: dict[str, Any] | None, *, error: str | None = None, partial: bool = False,
+    prices: PriceTable | None = None,
 ) -> None:
-    """The provider answered (or failed after reporting usage): one receipt, same key on every retry."""
-    tx.execute("UPDATE requests SET state = ?, error = ?, ended_at = ? WHERE request_id = ?",
-               ("failed" if error else "received", error[:500] if error else None, time.time(), request_id))
+    """The provider answered (or failed after reporting usage): one receipt, same key on every retry.
+    The request row keeps what it consumed (tokens, and the quote when the price is known) for the
+    hard-budget checks, which must not wait for the ledger."""
+    known = Usage.model_validate(usage) if usage else None
+    row = tx.one("SELECT model FROM requests WHERE request_id = ?", (request_id,))
+    cost = prices.quote(str(row["model"]), known) if (known is not None and prices is not None and row) else None
+    tx.execute(
+        "UPDATE requests SET state = ?, error = ?, ended_at = ?, usage_known = ?, partial = ?, tokens = ?, cost_usd = ?"
+        " WHERE request_id = ?",
+        ("failed" if error else "received", error[:500] if error else None, time.time(), 1 if known else 0,
+         1 if partial else 0, (known.input_tokens + known.output_tokens) if known else None, cost, request_id),
+    )
     enqueue_outbox(tx, f"receipt:{request_id}", "usage.receipt", {
         **_attribution(tx, request_id), "usage": usage, "partial": partial,
     })
@@ -844,7 +873,8 @@ def lose_requests(tx: Tx, attempt_id: str) -> None:
 
 def lose_request(tx: Tx, request_id: str, error: str | None = None) -> None:
     """No answer and no usage report (the connection or the process was lost): usage unknown."""
-    tx.execute("UPDATE requests SET state = 'lost', error = COALESCE(?, error), ended_at = ? WHERE request_id = ?",
+    tx.execute("UPDATE requests SET state = 'lost', usage_known = 0, error = COALESCE(?, error), ended_at = ?"
+               " WHERE request_id = ?",
                (error[:500] if error else None, time.time(), request_id))
     enqueue_outbox(tx, f"lost:{request_id}", "usage.lost", _attribution(tx, request_id))
 

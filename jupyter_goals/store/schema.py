@@ -174,6 +174,44 @@ CREATE TABLE goal_history (
 CREATE INDEX goal_history_session ON goal_history (session_id, anchor_seq)
 """,
     ),
+    (
+        4,
+        "hard budgets: per-request reservations and the settled usage each request is charged with",
+        """
+ALTER TABLE requests ADD COLUMN reserved_usd DOUBLE PRECISION;
+ALTER TABLE requests ADD COLUMN reserved_tokens BIGINT;
+ALTER TABLE requests ADD COLUMN reservation_expires_at DOUBLE PRECISION;
+ALTER TABLE requests ADD COLUMN usage_known BIGINT;
+ALTER TABLE requests ADD COLUMN partial BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE requests ADD COLUMN tokens BIGINT;
+ALTER TABLE requests ADD COLUMN cost_usd DOUBLE PRECISION;
+CREATE INDEX requests_goal ON requests (goal_id)
+""",
+    ),
+    (
+        5,
+        "background Jobs, subtask results and durable waits",
+        """
+ALTER TABLE work_items ADD COLUMN goal_id TEXT;
+ALTER TABLE work_items ADD COLUMN goal_revision BIGINT;
+ALTER TABLE work_items ADD COLUMN job_id TEXT;
+CREATE INDEX work_items_parent ON work_items (parent_work_id);
+CREATE TABLE jobs (
+  job_id TEXT PRIMARY KEY, work_id TEXT NOT NULL UNIQUE, session_id TEXT NOT NULL,
+  caller_session_id TEXT NOT NULL, caller_work_id TEXT, client_request_id TEXT, goal_id TEXT, goal_revision BIGINT,
+  created_at DOUBLE PRECISION NOT NULL, UNIQUE (caller_session_id, client_request_id));
+CREATE TABLE work_results (
+  work_id TEXT PRIMARY KEY, outcome TEXT NOT NULL, result TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL);
+CREATE TABLE waits (
+  wait_id TEXT PRIMARY KEY, work_id TEXT NOT NULL, kind TEXT NOT NULL, handle TEXT NOT NULL, call_id TEXT,
+  goal_revision BIGINT NOT NULL, control_version BIGINT NOT NULL, consumption_key TEXT NOT NULL UNIQUE,
+  state TEXT NOT NULL, outcome TEXT, result TEXT, deadline_at DOUBLE PRECISION,
+  next_check_at DOUBLE PRECISION NOT NULL DEFAULT 0, checks BIGINT NOT NULL DEFAULT 0, last_error TEXT,
+  created_at DOUBLE PRECISION NOT NULL, notified_at DOUBLE PRECISION, consumed_at DOUBLE PRECISION);
+CREATE INDEX waits_work ON waits (work_id, state);
+CREATE INDEX waits_handle ON waits (handle, state)
+""",
+    ),
 ]
 
 USAGE_MIGRATIONS: list[Migration] = [
