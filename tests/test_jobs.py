@@ -18,7 +18,7 @@ import pytest
 
 from jupyter_goals.goals import lifecycle
 from jupyter_goals.identity import host_name
-from jupyter_goals.models import DesiredState, Phase, ReasonCode, Requirement
+from jupyter_goals.models import DesiredState, ItemKind, Phase, ReasonCode, Requirement
 from jupyter_goals.recovery.coordinator import Coordinator
 from jupyter_goals.recovery.decide import Action, RecoveryFacts, decide
 from jupyter_goals.runtime.tools import ToolRegistry
@@ -184,6 +184,35 @@ async def test_a_goal_revision_refuses_the_old_wakeup_and_keeps_the_result_for_t
     attempts = db.transact(lambda tx: tx.all("SELECT control_version FROM attempts WHERE work_id = ?", (goal["work_id"],)))
     work = db.transact(lambda tx: c.get_work(tx, goal["work_id"]))
     assert attempts == [{"control_version": work["control_version"]}]  # one admission, under the new version only
+
+
+def _unknown_effect(tx: Tx, work: Row, call_id: str) -> None:
+    seq = c.append_item(tx, work["session_id"], ItemKind.TOOL_CALL, "assistant", "", item_id=f"call:{call_id}",
+                        work_id=work["work_id"], turn_id="t0", call_id=call_id, tool="shell", arguments={})
+    tx.execute(
+        "INSERT INTO effects (effect_id, call_id, work_id, turn_id, session_id, tool, arguments, capability,"
+        " impl_identity, impl_digest, state, created_at, seq) VALUES (?, ?, ?, 't0', ?, 'shell', '{}', 'write', '', '',"
+        " 'unknown', ?, ?)",
+        (c.new_id("eff"), call_id, work["work_id"], work["session_id"], time.time(), seq),
+    )
+
+
+async def test_the_unknown_effect_set_covers_invoked_subtasks_and_jobs_but_not_their_sessions_other_work(
+        store: Store) -> None:
+    def run(tx: Tx) -> list[str]:
+        parent = c.get_work(tx, store.parent["work_id"])
+        job, _ = waits.create_job(tx, parent["session_id"], "report", None, "j1", host="host-a", auto_recover=True)
+        tx.execute("UPDATE jobs SET caller_work_id = ? WHERE job_id = ?", (parent["work_id"], job["job_id"]))
+        _unknown_effect(tx, parent, "own")
+        _unknown_effect(tx, c.get_work(tx, store.child["work_id"]), "in_subtask")
+        _unknown_effect(tx, c.get_work(tx, job["work_id"]), "in_job")
+        # later, unrelated work in the subtask's session: not part of the parent's provenance
+        other, _ = c.accept_message(tx, c.get_session(tx, store.child["session_id"]), "hi", "r9", "queue",
+                                    auto_recover=True, host="host-a")
+        _unknown_effect(tx, c.get_work(tx, other["work_id"]), "unrelated")
+        return [u["call_id"] for u in c.unknown_effects(tx, parent["work_id"])]
+
+    assert store.tx(run) == ["own", "in_subtask", "in_job"]
 
 
 async def test_stopping_the_parent_stops_its_subtask(store: Store) -> None:
@@ -430,6 +459,31 @@ async def test_a_goal_delegates_to_a_subtask_that_inherits_its_attribution_and_i
         assert rig.rows("SELECT DISTINCT goal_id, goal_revision FROM requests WHERE work_id = ?", (child["work_id"],)) \
             == [{"goal_id": goal["goal_id"], "goal_revision": 1}]
         assert kinds(rig, sid).count("subtask_result") == 1
+    finally:
+        rig.close()
+
+
+async def test_a_goal_is_not_accepted_while_a_subtask_it_started_is_unfinished(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, [])
+    try:
+        (rig.root / "flag.txt").write_text("up")
+        sid = rig.session(BYPASS)
+
+        def setup(tx: Tx) -> Row:
+            goal = lifecycle.create(tx, c.get_session(tx, sid), "Flag up",
+                                    [Requirement(text="flag.txt exists", kind="file_exists", path="flag.txt")], {},
+                                    host=host_name(), auto_recover=True)
+            child, _ = waits.spawn_child(tx, c.get_work(tx, goal["work_id"]), "still busy", host=host_name())
+            tx.execute("UPDATE waits SET state = 'consumed' WHERE work_id = ?", (goal["work_id"],))  # e.g. timed out
+            c.apply_control(tx, child, "pause", None)  # unfinished, and not going to finish by itself
+            return lifecycle.act(tx, goal["goal_id"], "verify", goal["revision"])
+
+        goal = rig.tx(setup)
+        await rig.step()
+        assert rig.rows("SELECT state FROM goals WHERE goal_id = ?", (goal["goal_id"],)) == [{"state": "active"}]
+        prompts = [i.content for i in rig.items(sid) if i.kind == "goal_prompt"]
+        assert any("Subtasks are still running" in p for p in prompts)
+        assert rig.rows("SELECT 1 FROM acceptance_results WHERE goal_id = ?", (goal["goal_id"],)) == []
     finally:
         rig.close()
 

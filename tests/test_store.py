@@ -474,3 +474,21 @@ def test_backups_of_the_same_second_get_distinct_names(tmp_path: Path) -> None:
     db.close()
     names = {schema.backup_sqlite(str(path), CONTROL_NEWEST) for _ in range(3)}
     assert len(names) == 3 and all(n and os.path.exists(n) for n in names)
+
+
+def test_input_sent_during_recovery_joins_the_recovered_work_ahead_of_its_continuation(backend: Backend) -> None:
+    db = backend.open("control", migrated="control")
+    session, work = db.transact(new_chat)
+    db.transact(lambda tx: c.admit(tx, work, mode="fresh", turn_id=None))
+    gen = db.transact(lambda tx: c.register_worker(tx, "wkr_1", "host-a", "boot", 1, None, 60.0))
+    assert db.transact(lambda tx: c.claim_attempt(tx, "wkr_1", gen)) is not None
+    # while the turn runs, a queued message waits for its own turn
+    queued, _ = db.transact(lambda tx: c.accept_message(tx, session, "later", "req-2", "queue", auto_recover=True,
+                                                        host="host-a"))
+    assert queued["work_id"] != work["work_id"] and queued["delivery"] == "queue"
+    # the worker dies: until an attempt takes over, new input is read first by the recovered turn
+    db.transact(lambda tx: c.mark_worker_dead(tx, tx.one("SELECT * FROM workers WHERE worker_id = 'wkr_1'"), "killed"))
+    joined, _ = db.transact(lambda tx: c.accept_message(tx, session, "stop, do X", "req-3", "queue", auto_recover=True,
+                                                        host="host-a"))
+    assert (joined["work_id"], joined["delivery"], joined["consumed"]) == (work["work_id"], "steer", 0)
+    assert [m["text"] for m in db.transact(lambda tx: c.pending_steer(tx, work["work_id"]))] == ["stop, do X"]

@@ -295,7 +295,8 @@ def _observe(cwd: str, paths: list[str]) -> tuple[dict[str, rules.FileFact], dic
 
 
 async def verify(ctx: StepContext) -> bool:
-    """Check revision, required Todo and unknown effects, then one independent acceptance review.
+    """Check revision, required Todo, unfinished subtasks and unknown effects, then one independent
+    acceptance review.
 
     Commits ``achieved`` only for the goal_id + revision the check started from and the result version
     it wrote (optimistic concurrency); otherwise records the result and returns to work. Returns
@@ -312,6 +313,13 @@ async def verify(ctx: StepContext) -> bool:
         open_required = [it for it in mine if it.get("required", True) and it["status"] != "completed"]
         if open_required:
             note = "Required Todo items are still open: " + ", ".join(it["text"] for it in open_required)
+            _back_to_work(tx, goal, work, ctx.attempt, note, [], todo_version)
+            return None
+        running = tx.all("SELECT work_id FROM work_items WHERE parent_work_id = ? AND phase NOT IN"
+                         " ('done', 'cancelled', 'failed')", (work["work_id"],))
+        if running:  # e.g. a subtask whose wait timed out but which still runs: its outcome is not known yet
+            note = ("Subtasks are still running (" + ", ".join(r["work_id"] for r in running)
+                    + "); the Goal cannot be accepted before their results are known.")
             _back_to_work(tx, goal, work, ctx.attempt, note, [], todo_version)
             return None
         runs: list[rules.CommandRun] = []

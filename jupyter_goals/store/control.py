@@ -202,6 +202,12 @@ def running_work(tx: Tx, session_id: str) -> Row | None:
     )
 
 
+def _in_recovery(tx: Tx, work: Row) -> bool:
+    """The work's executor died and no attempt has taken over yet: its next attempt is a recovery."""
+    latest = tx.one("SELECT state FROM attempts WHERE work_id = ? ORDER BY admitted_at DESC LIMIT 1", (work["work_id"],))
+    return latest is not None and latest["state"] == AttemptState.DEAD
+
+
 def accept_message(
     tx: Tx, session: Row, text: str, client_request_id: str, delivery: str, *, auto_recover: bool, host: str
 ) -> tuple[Row, bool]:
@@ -212,7 +218,11 @@ def accept_message(
     )
     if existing is not None:
         return existing, False
-    target = running_work(tx, session["session_id"]) if delivery == "steer" else None
+    target = running_work(tx, session["session_id"])
+    if target is not None and delivery == "queue" and _in_recovery(tx, target):
+        delivery = "steer"  # input sent during recovery wins over the old continuation: it joins it first
+    elif delivery != "steer":
+        target = None
     if target is None:
         work = create_work(tx, session, "chat", {"text": text}, auto_recover=auto_recover, host=host)
         work_id, consumed = work["work_id"], 1  # the work item carries the text as its input
@@ -657,11 +667,14 @@ def reconcile_effect(tx: Tx, eff: Row, content: str) -> bool:
 
 
 def unknown_effects(tx: Tx, work_id: str) -> list[Row]:
-    """The unknown-effect set of a work item (scoped by provenance: its own executions)."""
+    """The unknown-effect set of a work item, scoped by conversation provenance: its own executions
+    and those of the subtasks and Jobs it invoked, never every execution of an invoked session."""
     return tx.all(
-        "SELECT effect_id, call_id, tool, arguments, capability FROM effects WHERE work_id = ? AND state = 'unknown'"
-        " AND capability NOT IN ('read_only', 'state_probe') ORDER BY seq",
-        (work_id,),
+        "SELECT effect_id, call_id, tool, arguments, capability FROM effects WHERE state = 'unknown'"
+        " AND capability NOT IN ('read_only', 'state_probe') AND (work_id = ?"
+        " OR work_id IN (SELECT work_id FROM work_items WHERE parent_work_id = ?)"
+        " OR work_id IN (SELECT work_id FROM jobs WHERE caller_work_id = ?)) ORDER BY seq",
+        (work_id, work_id, work_id),
     )
 
 
