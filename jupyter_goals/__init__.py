@@ -25,7 +25,7 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "GoalsClient":
+    if name in ("GoalsClient", "AsyncGoalsClient", "GoalsError"):
         from jupyter_goals.notebook import client
 
         return getattr(client, name)

@@ -6,9 +6,12 @@ The server URL and token come from arguments, else from ``JUPYTER_GOALS_SERVER_U
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -179,3 +182,37 @@ class GoalsClient:
             time.sleep(0.1)
         raise TimeoutError(f"session {session_id} did not reach {phases}: {snap.get('work')}")
 
+
+
+class AsyncGoalsClient:
+    """The same API for ``async`` code (a kernel's running loop, an asyncio program): every
+    ``GoalsClient`` method, awaited. Each call runs the blocking HTTP request on a worker thread,
+    so the caller's event loop never blocks, waits (``wait``, ``wait_goal``, ``wait_job``) included.
+
+        client = AsyncGoalsClient()
+        session = await client.create_session(title="notes")
+        await client.send(session["session_id"], "hello")
+    """
+
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0) -> None:
+        self.sync = GoalsClient(url, token, timeout)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.sync.close)
+
+    async def __aenter__(self) -> AsyncGoalsClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self.sync, name)
+        if name.startswith("_") or not callable(method):
+            raise AttributeError(name)
+
+        @functools.wraps(method)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await asyncio.to_thread(method, *args, **kwargs)
+
+        return call
