@@ -56,7 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--explain", action="store_true", help="only print what recovery would decide, and why")
     sub.add_parser("stop-all", help="quit and stop all tasks: persist user stop intent for every running item")
     sub.add_parser("doctor", help="check the stores, schema and model")
+    demo = sub.add_parser("demo", help="offline: kill -9 a server while a chat's command runs, restart it, and watch"
+                                       " the chat finish by itself with the command run exactly once")
+    demo.add_argument("--dir", help="where to keep the demo's state and workspace (default: a new temp dir)")
     args = p.parse_args(argv)
+    if args.command == "demo":
+        from jupyter_goals.demo.crash_demo import run_demo
+
+        return run_demo(args.dir)
     state, control_url, usage_url = _config(args)
     if args.command == "doctor":
         return doctor(state, control_url, usage_url)
