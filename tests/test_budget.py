@@ -264,3 +264,14 @@ def test_goal_spend_counts_settled_requests_and_reservations_of_unknown_ones(bac
     assert spend.known_cost_usd == pytest.approx(1.2 + 0.5)  # the partial one's lower bound is known
     assert spend.known_tokens == 1010 + 500
     assert spend.uncertain == 3 and spend.reserved_usd == pytest.approx(3 * 1.2) and spend.reserved_tokens == 3030
+
+
+def test_the_audited_output_limit_is_sent_to_an_openai_compatible_provider() -> None:
+    from jupyter_goals.models import ProviderMessage, ProviderRequest
+    from jupyter_goals.providers.openai_compat import OpenAICompatProvider
+
+    provider = OpenAICompatProvider("gpt-test", base_url="http://127.0.0.1:9/v1")
+    msgs = [ProviderMessage(role="user", content="hi")]
+    assert "max_tokens" not in provider.build_body(ProviderRequest(request_id="r", messages=msgs))
+    body = provider.build_body(ProviderRequest(request_id="r", messages=msgs, max_output_tokens=10))
+    assert body["max_tokens"] == 10

@@ -387,7 +387,8 @@ class TurnRunner:
             goal = goal_lifecycle.attribute(tx, work)  # goal_id + revision fixed before dispatch
             # the Goal's hard budget (a Job's or subtask's too) is rechecked before every request;
             # BudgetHeld leaves nothing recorded and nothing sent
-            held = budget.admit_request(tx, goal or budget.governing_goal(tx, work), model, self.prices)
+            governing = goal or budget.governing_goal(tx, work)
+            held = budget.admit_request(tx, governing, model, self.prices)
             c.record_request(tx, work, request_id=request_id, attempt_id=self.aid, turn_id=self.attempt["turn_id"],
                              purpose=Purpose.WORK.value, model=model, reserved_usd=held.usd,
                              reserved_tokens=held.tokens, reservation_ttl_s=budget.RESERVATION_TTL_S)
@@ -397,7 +398,7 @@ class TurnRunner:
                 messages=repair_history(items, SYSTEM_PROMPT),
                 tools=self.registry.schemas(),
                 goal_objective=goal["objective"] if goal else None,
-                max_output_tokens=budget.goal_budget(goal).get("max_output_tokens_per_request") if goal else None,
+                max_output_tokens=budget.goal_budget(governing).get("max_output_tokens_per_request") if governing else None,
             )
             return req, work, session
 
