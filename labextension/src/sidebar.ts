@@ -12,6 +12,7 @@ import {
 } from './api';
 import { SessionDetail } from './detail';
 import { debounce, sharedEventFeed } from './events';
+import { cssToken, el } from './views';
 
 /** How often the visible panel re-reads the server state. */
 export const REFRESH_INTERVAL_MS = 5000;
@@ -357,27 +358,8 @@ function sessionRow(session: ISessionSummary): HTMLLIElement {
   return row;
 }
 
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className?: string,
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  if (className) {
-    node.className = className;
-  }
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
-}
-
 function message(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
-}
-
-function cssToken(value: string): string {
-  return value.toLowerCase().replace(/[^a-z0-9_-]+/g, '-') || 'unknown';
 }
 
 /**
