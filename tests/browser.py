@@ -351,3 +351,17 @@ class LabPage:
     def screenshot(self, path: Path) -> Path:
         self.page.screenshot(path=str(path), full_page=True)
         return path
+
+
+def require_chromium() -> None:
+    """Module-level gate of the browser tests: CI installs Chromium (.ci/install-chromium.sh), so a
+    missing browser there is a failure, not a skip; elsewhere the module is skipped with the reason."""
+    import pytest
+
+    missing = chromium_missing_reason()
+    if missing and os.environ.get("CI"):
+        raise RuntimeError(missing)
+    if missing:
+        pytest.skip(missing, allow_module_level=True)
+    pytest.importorskip("playwright.sync_api", reason="playwright is in the `test` extra: pip install -e '.[test]'")
+

@@ -1,8 +1,10 @@
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.browser import launch_chromium
 from tests.storekit import Backend, postgres_unreachable
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
@@ -17,3 +19,11 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         yield b
     finally:
         b.cleanup()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One headless Chromium per browser-test module (``tests/browser.py``)."""
+    with launch_chromium() as b:
+        yield b
+

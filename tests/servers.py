@@ -180,3 +180,14 @@ def server_env(
     finally:
         for s in servers:
             s.kill()
+
+
+def wait_for(cond: Any, timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll ``cond`` every 50 ms until it holds; TimeoutError naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(what)
+

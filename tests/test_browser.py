@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from .browser import LabPage, chromium_missing_reason, launch_chromium, run_jupyter_lab
+from .browser import LabPage, require_chromium, run_jupyter_lab
 
 
 @pytest.fixture
@@ -33,22 +32,7 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-_missing = chromium_missing_reason()
-if _missing and os.environ.get("CI"):
-    # CI installs Chromium (.ci/install-chromium.sh): a missing browser there is a failure, not a skip
-    raise RuntimeError(_missing)
-if _missing:
-    pytest.skip(_missing, allow_module_level=True)
-
-pytest.importorskip(
-    "playwright.sync_api", reason="playwright is in the `test` extra: pip install -e '.[test]'"
-)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with launch_chromium() as b:
-        yield b
+require_chromium()
 
 
 def test_sidebar_shows_health_and_sessions(browser: Browser, tmp_path: Path) -> None:

@@ -7,18 +7,17 @@ updates) and the notebook's id-only MIME outputs rendered live from REST. Setup 
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .browser import LabPage, LabServer, chromium_missing_reason, launch_chromium, run_jupyter_lab
+from .browser import LabPage, LabServer, require_chromium, run_jupyter_lab
 from .servers import write_script
+from .test_browser import jp_asyncio_loop  # noqa: F401 - Playwright keeps its own loop (see there)
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Locator
@@ -28,31 +27,9 @@ HISTORY_MIME = "application/vnd.jupyter-goals.history+json"
 APPROVAL_MIME = "application/vnd.jupyter-goals.approval+json"
 
 
-@pytest.fixture
-def jp_asyncio_loop() -> Iterator[asyncio.AbstractEventLoop]:
-    """Keep pytest-jupyter's autouse loop away from Playwright's own (see test_browser.py)."""
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-_missing = chromium_missing_reason()
-if _missing and os.environ.get("CI"):
-    raise RuntimeError(_missing)
-if _missing:
-    pytest.skip(_missing, allow_module_level=True)
-
-pytest.importorskip(
-    "playwright.sync_api", reason="playwright is in the `test` extra: pip install -e '.[test]'"
-)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with launch_chromium() as b:
-        yield b
+require_chromium()
 
 
 def api(server: LabServer, method: str, path: str, body: Any = None, expect: tuple[int, ...] = (200, 201, 202)) -> Any:

@@ -19,7 +19,7 @@ import pytest
 
 from jupyter_goals.store import control as c
 from jupyter_goals.store.db import Database, FencedError
-from tests.servers import ServerProcess, db_rows, server_env
+from tests.servers import ServerProcess, db_rows, server_env, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -52,15 +52,6 @@ def lines(path: Path) -> int:
 
 def fired(state: Path, point: str) -> bool:
     return (state / "faults" / f"{point}.fired").exists()
-
-
-def wait_for(cond: Any, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise TimeoutError(what)
 
 
 def spawned(state: Path) -> int:

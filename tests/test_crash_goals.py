@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.servers import db_rows, server_env
+from tests.servers import db_rows, server_env, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -46,15 +46,6 @@ RULES: list[dict[str, Any]] = [
 def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
     with server_env(tmp_path, RULES) as e:
         yield e
-
-
-def wait_for(cond: Any, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise TimeoutError(what)
 
 
 def test_goal_survives_kill_9_mid_work_and_is_achieved_after_restart_without_client_action(env: dict[str, Any]) -> None:
