@@ -171,7 +171,7 @@ class GoalsBench:
                     (eid, call_id, a["work_id"], a["turn_id"], a["session_id"], "noop", "{}", str(spec.capability),
                      spec.identity, spec.digest, now, seq),
                 )
-            effects.extend(c.effects_of_turn(tx, a["turn_id"])[-count:])
+            effects.extend(c.open_effects_of_turn(tx, a["turn_id"])[-count:])
 
         self.db.transact(plan)
         assert all(e["state"] == "planned" for e in effects)

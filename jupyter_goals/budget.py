@@ -147,15 +147,11 @@ def check(budget: dict[str, Any], spend: Spend, nxt: Reservation | None = None) 
 
 
 def ledger_error(tx: Tx) -> str:
-    row = tx.one("SELECT value FROM server_state WHERE key = ?", (LEDGER_KEY,))
-    return str(row["value"]) if row else ""
+    return c.get_flag(tx, LEDGER_KEY) or ""
 
 
 def set_ledger_error(tx: Tx, error: str) -> None:
-    tx.execute(
-        "INSERT INTO server_state (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-        (LEDGER_KEY, error[:300]),
-    )
+    c.set_flag(tx, LEDGER_KEY, error[:300])
 
 
 def goal_spend(tx: Tx, goal_id: str, now: float | None = None) -> Spend:
@@ -163,11 +159,7 @@ def goal_spend(tx: Tx, goal_id: str, now: float | None = None) -> Spend:
     known_cost, known_tokens, uncertain, unpriced = 0.0, 0, 0, 0
     reserved_usd: float | None = 0.0
     reserved_tokens: int | None = 0
-    for r in tx.all(
-        "SELECT state, usage_known, partial, tokens, cost_usd, reserved_usd, reserved_tokens FROM requests"
-        " WHERE goal_id = ?",
-        (goal_id,),
-    ):
+    for r in c.goal_requests(tx, goal_id):
         settled = r["usage_known"] == 1 and not r["partial"] and r["state"] in ("received", "failed")
         if settled:
             known_tokens += int(r["tokens"] or 0)
@@ -234,7 +226,7 @@ def governing_goal(tx: Tx, work: Row) -> Row | None:
     if work.get("kind") == "goal":
         return g.goal_of_work(tx, work["work_id"])
     goal_id = work.get("goal_id")
-    return tx.one("SELECT * FROM goals WHERE goal_id = ?", (goal_id,)) if goal_id else None
+    return g.find_goal(tx, goal_id) if goal_id else None
 
 
 def admission_problem(tx: Tx, work: Row, model: str, prices: PriceTable | None, now: float) -> Problem | None:

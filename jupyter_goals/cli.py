@@ -5,22 +5,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from jupyter_goals.config import GoalsConfig
 from jupyter_goals.store import control as c
 from jupyter_goals.store.db import Database, MigrationFailed, StorageUnavailable
-from jupyter_goals.store.schema import current_version, migrate
+from jupyter_goals.store.notify import ADMISSION, Notifier
+from jupyter_goals.store.schema import current_version, migrate, quick_check
 
 
 def _config(args: argparse.Namespace) -> tuple[Path, str, str]:
     from jupyter_goals.server.app import GoalsApp
 
-    app = GoalsApp()
-    cfg = app.service_config()
+    cfg = GoalsApp().service_config()
     state = Path(args.state_dir).absolute() if args.state_dir else cfg.state_dir
     control = args.control_db_url or (cfg.control_db_url if not args.state_dir else f"sqlite:///{state / 'control.db'}")
     usage = cfg.usage_db_url if not args.state_dir else f"sqlite:///{state / 'usage.db'}"
@@ -32,13 +35,7 @@ def _print(obj: Any) -> None:
 
 
 def cmd_status(db: Database) -> int:
-    def run(tx: c.Tx) -> list[dict[str, Any]]:  # type: ignore[name-defined]
-        return tx.all(
-            "SELECT w.work_id, s.title, w.kind, w.desired_state, w.phase, w.reason_code, w.reason, w.control_version"
-            " FROM work_items w JOIN sessions s ON s.session_id = w.session_id ORDER BY w.created_at DESC LIMIT 50"
-        )
-
-    rows = db.transact(run, write=False)
+    rows = db.transact(c.recent_work, write=False)
     if not rows:
         print("No work yet.")
     for r in rows:
@@ -55,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     rec = sub.add_parser("recover", help="run the Coordinator's recovery entry point once")
     rec.add_argument("--explain", action="store_true", help="only print what recovery would decide, and why")
     sub.add_parser("stop-all", help="quit and stop all tasks: persist user stop intent for every running item")
-    sub.add_parser("doctor", help="check the stores, schema and model")
+    doc = sub.add_parser("doctor", help="check the stores (schema, integrity, write lock, free space, permissions)"
+                                           " and explain what to do")
+    doc.add_argument("--repair", action="store_true",
+                     help="repair what can be repaired offline: a missing usage ledger rebuilt from control.db,"
+                          " the state dir's permissions (the server must not be running)")
     demo = sub.add_parser("demo", help="offline: kill -9 a server while a chat's command runs, restart it, and watch"
                                        " the chat finish by itself with the command run exactly once")
     demo.add_argument("--dir", help="where to keep the demo's state and workspace (default: a new temp dir)")
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(args.dir)
     state, control_url, usage_url = _config(args)
     if args.command == "doctor":
-        return doctor(state, control_url, usage_url)
+        return doctor(state, control_url, usage_url, repair=args.repair)
     if control_url.startswith("sqlite:///") and not os.path.exists(control_url.removeprefix("sqlite:///")):
         print(f"error: no control database at {control_url} (has the server run with this state dir?)", file=sys.stderr)
         return 2
@@ -80,10 +81,14 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_status(db)
         if args.command == "stop-all":
             stopped = db.transact(c.stop_all)
+            _wake_server(state)
             print(f"Stopped {len(stopped)} work item(s)." if stopped else "Nothing was running.")
             return 0
         if args.command == "recover":
-            return asyncio.run(recover(db, state, args.explain))
+            code = asyncio.run(recover(db, server_config(state, control_url, usage_url), args.explain))
+            if not args.explain:
+                _wake_server(state)
+            return code
     except StorageUnavailable as exc:
         print(f"error: storage unavailable: {exc}", file=sys.stderr)
         return 3
@@ -92,12 +97,43 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-async def recover(db: Database, state: Path, explain: bool) -> int:
-    from jupyter_goals.recovery.coordinator import Coordinator
-    from jupyter_goals.runtime.tools import ToolRegistry
+def _wake_server(state: Path) -> None:
+    """A running server's admission loop decides at once about what this command changed."""
+    notifier = Notifier(state)
+    notifier.notify(ADMISSION)
+    notifier.close()
+
+
+def server_config(state: Path, control_url: str, usage_url: str) -> GoalsConfig:
+    """The configuration the server last started with on this state dir (its default model, named
+    models, trusted tools, price table and limits); the defaults when it never saved one."""
     from jupyter_goals.server.app import demo_model
 
-    coord = Coordinator(db, state_dir=state, default_model=demo_model(), registry=ToolRegistry())
+    saved = GoalsConfig.load(state)
+    if saved is None:
+        return GoalsConfig(state_dir=state, control_db_url=control_url, usage_db_url=usage_url,
+                           default_model=demo_model(), demo_model=demo_model())
+    return dataclasses.replace(saved, control_db_url=control_url, usage_db_url=usage_url)
+
+
+async def recover(db: Database, cfg: GoalsConfig, explain: bool) -> int:
+    """The server's Coordinator, built from the server's configuration, on the same stores."""
+    from jupyter_goals.prices import PriceTableError, load_price_table
+    from jupyter_goals.providers import catalog
+    from jupyter_goals.recovery.coordinator import Coordinator
+    from jupyter_goals.runtime.tools import ToolRegistry
+
+    try:
+        prices = load_price_table(cfg.price_table or None)
+    except PriceTableError:
+        prices = None  # the server then quotes nothing either
+    try:
+        specs = catalog.parse_specs(cfg.models or {})
+    except ValueError:
+        specs = {}
+    listed = catalog.ModelCatalog(cfg.default_model, specs, cfg.demo_model, prices or load_price_table(None))
+    os.environ[catalog.NAMED_ENV] = listed.export_named()  # named models resolve as in the server's workers
+    coord = Coordinator.from_config(db, cfg, registry=ToolRegistry(cfg.trusted_tools), prices=prices)
     if explain:
         _print(await coord.explain())
     else:
@@ -106,17 +142,42 @@ async def recover(db: Database, state: Path, explain: bool) -> int:
     return 0
 
 
-def doctor(state: Path, control_url: str, usage_url: str) -> int:
+def doctor(state: Path, control_url: str, usage_url: str, *, repair: bool = False) -> int:
+    """Explain the state of the stores, one line each, and repair what can be repaired offline."""
     ok = True
     print(f"state dir: {state}")
+    if state.exists():
+        mode = state.stat().st_mode & 0o777
+        if mode & 0o077:
+            if repair:
+                state.chmod(0o700)
+                print(f"permissions: were {oct(mode)}; now 0o700 (repaired)")
+            else:
+                ok = False
+                print(f"permissions: {oct(mode)}: others can read the records; `jupyter goals doctor --repair` sets 0o700")
+        free = shutil.disk_usage(state).free
+        if free < 100 * 1024 * 1024:
+            ok = False
+            print(f"free space: {free // (1024 * 1024)} MB: commits fail when it runs out (503 storage_full); free some")
+        else:
+            print(f"free space: {free // (1024 * 1024)} MB")
     for which, url in (("control", control_url), ("usage", usage_url)):
+        path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
+        if path is not None and not os.path.exists(path):
+            if which == "usage" and os.path.exists(control_url.removeprefix("sqlite:///")):
+                ok = _missing_ledger(control_url, usage_url, repair) and ok
+            else:
+                print(f"{which}: {url} does not exist yet (created at the next server start)")
+            continue
         db = Database(url)
         try:
             v = db.transact(current_version, write=False)
             print(f"{which}: {url} schema v{v}")
+            if path is not None:
+                ok = _sqlite_checks(db, which, path) and ok
         except StorageUnavailable as exc:
             ok = False
-            print(f"{which}: UNAVAILABLE: {exc}")
+            print(f"{which}: UNAVAILABLE ({exc.code}): {exc}")
         finally:
             db.close()
     try:
@@ -128,11 +189,58 @@ def doctor(state: Path, control_url: str, usage_url: str) -> int:
                 migrate_check(db, which)
             finally:
                 db.close()
-    except MigrationFailed as exc:
+    except (MigrationFailed, StorageUnavailable) as exc:
         ok = False
         print(f"migration: FAILED: {exc}")
     print("ok" if ok else "problems found")
     return 0 if ok else 1
+
+
+def _sqlite_checks(db: Database, which: str, path: str) -> bool:
+    """Integrity (``PRAGMA quick_check``) and whether another process holds the write lock."""
+    ok = True
+    result = db.transact(quick_check, write=False)
+    if result == ["ok"]:
+        print(f"{which}: integrity ok")
+    else:
+        ok = False
+        backups = sorted(Path(path).parent.glob(Path(path).name + ".v*.bak"), key=lambda b: b.stat().st_mtime)
+        hint = (f"the newest backup is {backups[-1]} (made before a migration; later records are not in it)"
+                if backups else "there is no backup beside it")
+        print(f"{which}: integrity FAILED: {'; '.join(result[:3])}. Keep the file; {hint}. "
+              "With the server stopped, `sqlite3 control.db .recover` can save what is readable.")
+    try:
+        db.transact(lambda tx: None, lock_wait_ms=200)  # takes and releases the write lock, writes nothing
+        print(f"{which}: write lock free")
+    except StorageUnavailable as exc:
+        ok = False
+        print(f"{which}: write lock held by another process ({exc.code}): a running server holds it only for "
+              "milliseconds; if none runs, find the holder with `fuser` on the file")
+    return ok
+
+
+def _missing_ledger(control_url: str, usage_url: str, repair: bool) -> bool:
+    """usage.db is gone while control.db exists: the ledger can be rebuilt from control.db's record of
+    every operation applied to it (the next server start does it by itself; ``--repair`` does it now)."""
+    control = Database(control_url)
+    try:
+        n = control.transact(c.done_outbox_count, write=False)
+        if not repair:
+            print(f"usage: {usage_url} is missing; control.db recorded {n} ledger operation(s): the next server"
+                  " start (or `jupyter goals doctor --repair`) rebuilds the ledger from them (active-time intervals"
+                  " are not rebuilt)")
+            return n == 0
+        usage = Database(usage_url)
+        try:
+            migrate(usage, "usage")
+        finally:
+            usage.close()
+        requeued = control.transact(c.requeue_done_outbox)
+        print(f"usage: {usage_url} created; {requeued} ledger operation(s) queued again: the next server start"
+              " applies them, once each (repaired)")
+        return True
+    finally:
+        control.close()
 
 
 def migrate_check(db: Database, which: str) -> None:

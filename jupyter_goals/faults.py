@@ -3,11 +3,18 @@
 ``JUPYTER_GOALS_CRASH_AT=<point>`` or ``<point>#<n>`` makes whichever process reaches the point
 (the n-th time) call ``os._exit(86)``. A point fires once per state dir: the marker file
 ``<state_dir>/faults/<point>.fired`` is created first, and a point whose file exists never fires again.
+
+An extension of the contract for tests that need the whole server to die at the point, not only the
+process that reached it: with ``JUPYTER_GOALS_CRASH_SCOPE=group`` the process SIGKILLs its whole process
+group instead (the Jupyter server and its workers together, as a kill -9 of the server's group would;
+tool commands run in groups of their own and outlive it). Without it, the survivor of a one-process
+crash may act before a test can kill the rest, and which one wins is a race.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 POINTS = frozenset(
@@ -30,6 +37,8 @@ POINTS = frozenset(
         "recovery.after_claim",
         "recovery.after_decision",
         "shutdown.after_admission_stop",
+        "control.after_stop_commit",
+        "tool.before_cancel_kill",
     }
 )
 
@@ -84,4 +93,6 @@ def crash_point(point: str) -> None:
     os.write(fd, f"{os.getpid()}\n".encode())
     os.fsync(fd)
     os.close(fd)
+    if os.environ.get("JUPYTER_GOALS_CRASH_SCOPE") == "group":
+        os.killpg(os.getpgrp(), signal.SIGKILL)
     os._exit(CRASH_EXIT_CODE)

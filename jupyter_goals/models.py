@@ -7,9 +7,9 @@ from this module and never the reverse.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 
 class Strict(BaseModel):
@@ -77,6 +77,8 @@ class ReasonCode(StrEnum):
     RECOVERY_BACKOFF = "recovery_backoff"
     RECOVERED = "recovered"
     STORAGE_UNAVAILABLE = "storage_unavailable"
+    STORAGE_FULL = "storage_full"
+    STORAGE_LOCKED = "storage_locked"
     MIGRATION_FAILED = "migration_failed"
     STARTING = "starting"
     WAITING_FOR_TURN = "waiting_for_turn"
@@ -103,10 +105,10 @@ REASON_TEXT: dict[ReasonCode, str] = {
     ReasonCode.PERMISSION_REVOKED: "The permissions this work ran under were revoked.",
     ReasonCode.BUDGET_EXHAUSTED: "The budget is used up.",
     ReasonCode.BUDGET_UNVERIFIABLE: "Spending cannot be verified against the hard budget, so no new paid request is admitted.",
-    ReasonCode.RESOURCE_MISSING_CWD: "The working directory no longer exists.",
+    ReasonCode.RESOURCE_MISSING_CWD: "The working directory no longer exists; recreate it and the work continues by itself, or End it.",
     ReasonCode.RESOURCE_MISSING_MODEL: "The model is not available.",
     ReasonCode.RESOURCE_MISSING_CREDENTIALS: "Credentials for the model provider are missing.",
-    ReasonCode.TOOL_CHANGED: "A tool's implementation changed since the call was planned.",
+    ReasonCode.TOOL_CHANGED: "A tool's implementation changed since the call was planned; Retry runs the planned call with the new implementation, End drops it.",
     ReasonCode.UNKNOWN_EFFECTS_NEED_REVIEW: "An earlier write has an unknown outcome; writes need your approval until it is reviewed.",
     ReasonCode.OWNER_HOST_UNREACHABLE: "The host that owns this work is unreachable; it is not taken over automatically.",
     ReasonCode.OWNER_ALIVE: "The executor that owns this work is still alive; reconnecting.",
@@ -116,6 +118,8 @@ REASON_TEXT: dict[ReasonCode, str] = {
     ReasonCode.RECOVERY_BACKOFF: "The executor died while this work ran; the next attempt waits a growing backoff.",
     ReasonCode.RECOVERED: "Recovered after an interruption; continuing.",
     ReasonCode.STORAGE_UNAVAILABLE: "State temporarily unavailable: the database cannot be read.",
+    ReasonCode.STORAGE_FULL: "The disk that holds the database is full: nothing new can be recorded until space is freed.",
+    ReasonCode.STORAGE_LOCKED: "Another process holds the database's write lock: changes wait until it is released.",
     ReasonCode.MIGRATION_FAILED: "The database schema could not be migrated; old records are kept untouched.",
     ReasonCode.STARTING: "jupyter_goals is starting (checking its databases and recovering work); try again in a moment.",
     ReasonCode.WAITING_FOR_TURN: "Waiting for the session's current request to finish.",
@@ -155,9 +159,29 @@ class AttemptState(StrEnum):
 
 
 class RecoveryMode(StrEnum):
+    """How work continues: an attempt's ``mode`` (fresh, resume_checkpoint, new_turn) and a recovery
+    claim's decided mode (resume_checkpoint, new_turn, or none when no turn was running)."""
+
+    NONE = "none"
+    FRESH = "fresh"
     RECONNECT = "reconnect"
     RESUME_CHECKPOINT = "resume_checkpoint"
     NEW_TURN = "new_turn"
+
+
+class StepKind(StrEnum):
+    """The turn loop's next step, derived from durable facts (``TurnRunner._next_step``)."""
+
+    STOP = "stop"
+    REATTACH = "reattach"
+    DISPATCH = "dispatch"
+    APPROVAL = "approval"
+    DELIVER = "deliver"
+    PROVIDER = "provider"
+    FINISH = "finish"
+    REQUIREMENTS = "requirements"  # a Goal's requirements extraction
+    VERIFY = "verify"  # a Goal's acceptance check
+    WAIT = "wait"  # a Goal waits (the attempt ended): the loop stops
 
 
 class Capability(StrEnum):
@@ -176,6 +200,7 @@ class EffectState(StrEnum):
     RECONCILED = "reconciled"
     NEVER_STARTED = "never_started"
     DENIED = "denied"
+    CANCELLED = "cancelled"  # a person stopped it while it ran: killed, its real exit status and output kept
 
 
 class ItemKind(StrEnum):
@@ -192,6 +217,9 @@ class ItemKind(StrEnum):
     GOAL_RECORD = "goal_record"
     # a finished subtask's result delivered to its parent once (user-role for the model)
     SUBTASK_RESULT = "subtask_result"
+    # a durable summary of everything up to ``meta.up_to_seq``: requests send it instead of those items
+    # (the stored transcript is never shortened; the UI marks where it happened)
+    COMPACTION = "compaction"
 
 
 class TranscriptItem(BaseModel):
@@ -241,15 +269,24 @@ class ProviderMessage(BaseModel):
 
 
 class Usage(BaseModel):
+    """One provider request's usage. ``input_tokens`` counts every prompt token, so it includes
+    ``cached_tokens`` (cache reads) and ``cache_write_tokens`` (Anthropic cache creation), each priced
+    at its own rate; ``output_tokens`` includes ``reasoning_tokens``. ``service_tier`` is the tier the
+    provider says served the request (priced when the price table has it)."""
+
     input_tokens: int
     output_tokens: int
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+    service_tier: str | None = None
 
 
 class Purpose(StrEnum):
     WORK = "work"
     ACCEPTANCE = "acceptance"
     REQUIREMENTS = "requirements"
+    COMPACTION = "compaction"
 
 
 class ProviderRequest(BaseModel):
@@ -267,6 +304,7 @@ class ProviderResponse(BaseModel):
     usage: Usage | None = None
     verdicts: list[dict[str, Any]] = Field(default_factory=list)
     provider_response_id: str | None = None
+    stop_reason: str | None = None  # as the provider said it (end_turn, tool_use, max_tokens, stop, ...)
 
 
 # --------------------------------------------------------------------------- REST bodies
@@ -287,6 +325,11 @@ class Permissions(Strict):
 
     mode: Literal["ask", "bypass"] = "ask"
     allow: list[str | PathRule] = Field(default_factory=list)
+    # environment variables this session's tool processes may see beyond the base allow-list and
+    # GoalsApp.tool_env_allow (names or globs; a secret-looking name only when named exactly)
+    env_allow: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_*?][A-Za-z0-9_*?]*$", max_length=200)]] = Field(
+        default_factory=list
+    )
 
 
 class UpdateSession(Strict):
@@ -299,6 +342,18 @@ class UpdateSession(Strict):
 class CreateSession(Strict):
     title: str | None = None
     cwd: str | None = None
+    model: str | None = None
+    permissions: Permissions | None = None
+
+
+class NotebookSession(Strict):
+    """``PUT /notebook-session``: the session bound to a notebook path, created on first use.
+    ``session_id`` rebinds the path to that existing session; ``title``/``model``/``permissions`` apply
+    only when a new session is created."""
+
+    path: str = Field(min_length=1, max_length=4096)
+    session_id: str | None = None
+    title: str | None = None
     model: str | None = None
     permissions: Permissions | None = None
 
@@ -321,8 +376,17 @@ class CreateJob(Strict):
 
 
 class SessionAction(Strict):
-    action: Literal["pause", "resume", "stop", "retry"]
+    """``cancel_tool`` cancels one running call (``effect_id``); the turn goes on with that result."""
+
+    action: Literal["pause", "resume", "stop", "retry", "cancel_tool"]
     expected_control_version: int | None = None
+    effect_id: str | None = None
+
+    @model_validator(mode="after")
+    def _effect_only_for_cancel_tool(self) -> SessionAction:
+        if (self.action == "cancel_tool") != (self.effect_id is not None):
+            raise ValueError("effect_id is required by cancel_tool and only by it")
+        return self
 
 
 class GlobalAction(Strict):
@@ -423,3 +487,62 @@ class UpdateGoal(Strict):
 class GoalAction(Strict):
     action: Literal["pause", "resume", "verify", "end"]
     expected_revision: int
+
+
+# --------------------------------------------------------------------------- the front door (issue 12)
+
+
+class ModelSpec(Strict):
+    """One named model of ``GoalsApp.models`` (DESIGN §14): ``{name: {provider, model, base_url?,
+    api_key_env?, api_key_file?, service_tier?, context_window?, max_output_tokens?}}``; ``model`` is
+    the script path for ``scripted``."""
+
+    provider: Literal["scripted", "openai", "anthropic"]
+    model: str = Field(min_length=1)
+    base_url: str | None = Field(default=None, min_length=1)
+    api_key_env: str | None = Field(default=None, min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    context_window: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    description: str = ""
+    # a file holding the key, read at request time (so a key added later reaches running workers)
+    api_key_file: str | None = Field(default=None, min_length=1)
+    service_tier: str | None = Field(default=None, min_length=1)  # sent with each request (e.g. "flex")
+
+
+class ModelInfo(BaseModel):
+    """An entry of ``GET /models``."""
+
+    name: str
+    provider: str
+    model: str
+    credentials_present: bool
+    priced: bool
+    default: bool
+    description: str = ""
+    context_window: int | None = None
+    max_output_tokens: int | None = None
+    # USD per million tokens from the price table (input, output, cached input, cache write,
+    # service tiers); None when the price is unknown
+    price: dict[str, Any] | None = None
+
+
+class RecoveryOutcome(StrEnum):
+    CONTINUED = "continued"
+    WAITING = "waiting"
+    PAUSED = "paused"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+def recovery_outcome(desired_state: str, phase: str) -> RecoveryOutcome:
+    """What a recovery pass did with a work item, in the words of the recovery summary: the person's
+    stop or pause first, then a fault, a wait, else it continued (queued, admitted, or already done)."""
+    if desired_state == DesiredState.CANCELLED or phase == Phase.CANCELLED:
+        return RecoveryOutcome.STOPPED
+    if desired_state == DesiredState.PAUSED or phase == Phase.PAUSED:
+        return RecoveryOutcome.PAUSED
+    if phase == Phase.FAILED:
+        return RecoveryOutcome.FAILED
+    if phase == Phase.WAITING:
+        return RecoveryOutcome.WAITING
+    return RecoveryOutcome.CONTINUED

@@ -1,7 +1,9 @@
 """The worker process (the "JobRunner"): ``python -m jupyter_goals.worker``.
 
 It registers with a new generation, heartbeats its lease, claims admitted attempts and runs them
-concurrently up to its capacity. It never decides recovery. SQLite transactions run inline on its
+concurrently up to its capacity. It never decides recovery. It looks for an attempt to claim when
+the admission loop wakes it (``store/notify.py``), when one of its attempts ends, and on a slow
+safety tick; finding none takes a read only. An attempt's end wakes the admission loop. SQLite transactions run inline on its
 event loop (one short fsync'd commit per step; see docs/architecture.md).
 """
 
@@ -15,17 +17,23 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from jupyter_goals import faults
 from jupyter_goals.identity import ProcessIdentity
 from jupyter_goals.prices import PriceTable, PriceTableError, load_price_table
+from jupyter_goals.providers.base import key_file_secrets
 from jupyter_goals.runtime.tools import ToolRegistry
-from jupyter_goals.runtime.turn import TurnRunner
+from jupyter_goals.runtime.turn import HistoryCache, TurnRunner
+from jupyter_goals.secrecy import Redactor
 from jupyter_goals.store import control as c
+from jupyter_goals.store import recovery as rs
 from jupyter_goals.store.db import Database, Row, StorageUnavailable, Tx
+from jupyter_goals.store.notify import ADMISSION, ATTEMPTS, Listener, Notifier
 
 log = logging.getLogger("jupyter_goals.worker")
+ATTEMPT_CRASHED_EXIT = 70  # EX_SOFTWARE: an attempt failed part-way; its recovery follows from the exit
 
 
 def die_with_parent() -> None:
@@ -49,11 +57,18 @@ class Worker:
         lease_ttl_s: float,
         default_model: str,
         trusted_tools: dict[str, dict[str, str]] | None = None,
-        poll_s: float = 0.05,
+        safety_tick_s: float = 1.0,
         retry_base_s: float = 1.0,
         prices: PriceTable | None = None,
+        tool_env_allow: Sequence[str] = (),
+        redactor: Redactor | None = None,
+        cancel_grace_s: float = 5.0,
     ) -> None:
+        self.cancel_grace_s = cancel_grace_s
+        self.histories = HistoryCache()  # each session's provider-ready history, kept across its attempts
         self.worker_id = worker_id
+        self.tool_env_allow = list(tool_env_allow)
+        self.redactor = redactor if redactor is not None else Redactor.from_environment()
         self.prices = prices
         self.db = Database(control_url, inline=True)
         self.state_dir = state_dir
@@ -62,7 +77,9 @@ class Worker:
         self.lease_ttl_s = lease_ttl_s
         self.default_model = default_model
         self.registry = ToolRegistry(trusted_tools)
-        self.poll_s = poll_s
+        self.safety_tick_s = safety_tick_s
+        self.wakeups = Listener(state_dir, ATTEMPTS, worker_id)  # admitted attempts, a stop, a finished task
+        self.notifier = Notifier(state_dir)
         self.retry_base_s = retry_base_s
         self.generation = 0
         self.tasks: dict[asyncio.Task[None], TurnRunner] = {}
@@ -74,26 +91,35 @@ class Worker:
             lambda tx: c.register_worker(tx, self.worker_id, me.host_name, me.boot_id, me.pid, me.start_time, self.lease_ttl_s)
         )
         log.info("worker %s registered, generation %s", self.worker_id, self.generation)
+        self.wakeups.start()  # bound before the first look, so no wake-up is missed
         beat = asyncio.create_task(self._heartbeat())
         try:
             while not self.stopping.is_set():
                 claimed = False
                 if len(self.tasks) < self.capacity:
-                    attempt = await self.db.run(self._claim)
+                    attempt = await self.db.run_write_if_needed(self._claim)  # nothing admitted: a read only
                     if attempt is not None:
                         claimed = True
                         runner = self._runner(attempt)
                         task = asyncio.create_task(self._run_attempt(runner))
                         self.tasks[task] = runner
-                        task.add_done_callback(lambda t: self.tasks.pop(t, None))
+                        task.add_done_callback(self._finished)
                 if not claimed:
-                    try:
-                        await asyncio.wait_for(self.stopping.wait(), self.poll_s)
-                    except TimeoutError:
-                        pass
+                    await self.wakeups.wait(self.safety_tick_s)
         finally:
             await self._shutdown()
             beat.cancel()
+            self.wakeups.close()
+            self.notifier.close()
+
+    def stop(self) -> None:
+        """Graceful stop (SIGTERM): the claim loop ends and attempts are handed back."""
+        self.stopping.set()
+        self.wakeups.wake()
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.tasks.pop(task, None)
+        self.wakeups.wake()  # a free slot: look for admitted work at once
 
     def _claim(self, tx: Tx) -> Row | None:
         attempt = c.claim_attempt(tx, self.worker_id, self.generation)
@@ -105,6 +131,9 @@ class Worker:
         return TurnRunner(
             self.db, attempt, state_dir=self.state_dir, registry=self.registry, default_model=self.default_model,
             cwd=attempt["cwd"], retry_base_s=self.retry_base_s, prices=self.prices,
+            tool_env_allow=self.tool_env_allow, redactor=self.redactor.with_secrets(key_file_secrets()),
+            cancel_grace_s=self.cancel_grace_s,
+            histories=self.histories,
         )
 
     async def _run_attempt(self, runner: TurnRunner) -> None:
@@ -112,9 +141,27 @@ class Worker:
         try:
             await runner.run()
         except StorageUnavailable as exc:
-            log.error("attempt %s: storage unavailable: %s", attempt["attempt_id"], exc)
+            log.error("attempt %s: %s: %s; the worker exits so that the attempt is recovered", attempt["attempt_id"],
+                      exc.code, exc)
+            self._crash()
         except Exception:
-            log.exception("attempt %s crashed", attempt["attempt_id"])
+            log.exception("attempt %s crashed; the worker exits so that the attempt is recovered", attempt["attempt_id"])
+            self._crash()
+        finally:
+            # its end is committed: a free slot, a queued message behind it, a Goal's next turn, a
+            # parent whose subtask delivered: the admission loop decides now, not at its next tick
+            self.notifier.notify(ADMISSION)
+
+    @staticmethod
+    def _crash() -> None:
+        """An attempt that failed part-way (a commit refused by a full disk or a held lock, a bug) is
+        neither running nor handed back, and its worker lives on: nothing would ever recover it. Crash-only:
+        the worker exits at once, as if killed, and the server's usual path takes over (the supervisor
+        restarts a worker with a growing delay while nothing can be recorded; the Coordinator confirms the
+        death, repairs the turn, charges the death to the work, and admits it again). Detached commands
+        live on and are reconnected; nothing runs twice."""
+        logging.shutdown()
+        os._exit(ATTEMPT_CRASHED_EXIT)
 
     async def _heartbeat(self) -> None:
         while True:
@@ -141,7 +188,7 @@ class Worker:
                 await asyncio.wait(pending, timeout=2)
 
         def release(tx: Tx) -> None:
-            for a in tx.all("SELECT * FROM attempts WHERE worker_id = ? AND state = 'running'", (self.worker_id,)):
+            for a in rs.running_attempts_of_worker(tx, self.worker_id):
                 c.end_attempt(tx, a, "worker shutdown")
                 c.bump_commit_point(tx, a["work_id"])
                 work = c.get_work(tx, a["work_id"])
@@ -153,6 +200,7 @@ class Worker:
             await self.db.run(release)
         except Exception:
             log.exception("worker %s: could not release its attempts", self.worker_id)
+        self.notifier.notify(ADMISSION)  # handed-back attempts are queued again
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -167,8 +215,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--trusted-tools", default="{}")
     p.add_argument("--retry-base-s", type=float, default=1.0)
     p.add_argument("--price-table", default="", help="the server's price table file (empty: the bundled one)")
+    p.add_argument("--tool-env-allow", default="[]", help="JSON list: variables tool processes may see")
+    p.add_argument("--secrets-on-stdin", action="store_true",
+                   help="read one JSON object {NAME: value} of secrets to redact (the server's token) from stdin")
+    p.add_argument("--cancel-grace-s", type=float, default=5.0)
+    p.add_argument("--safety-tick-s", type=float, default=1.0)
     p.add_argument("--no-parent-death", action="store_true")
     args = p.parse_args(argv)
+    # the server's token reaches the worker on a pipe, never in its environment (which tools could inherit)
+    extra = json.loads(sys.stdin.readline() or "{}") if args.secrets_on_stdin else {}
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="[worker %(process)d] %(levelname)s %(message)s")
     if not args.no_parent_death:
         die_with_parent()
@@ -181,13 +236,15 @@ def main(argv: list[str] | None = None) -> None:
     worker = Worker(
         args.worker_id, args.control_url, Path(args.state_dir), capacity=args.capacity, heartbeat_s=args.heartbeat_s,
         lease_ttl_s=args.lease_ttl_s, default_model=args.default_model, trusted_tools=json.loads(args.trusted_tools),
-        retry_base_s=args.retry_base_s, prices=prices,
+        retry_base_s=args.retry_base_s, prices=prices, tool_env_allow=json.loads(args.tool_env_allow),
+        redactor=Redactor.from_environment(extra=extra), cancel_grace_s=args.cancel_grace_s,
+        safety_tick_s=args.safety_tick_s,
     )
 
     async def amain() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stopping.set)
+            loop.add_signal_handler(sig, worker.stop)
         await worker.run()
 
     asyncio.run(amain())

@@ -14,6 +14,7 @@ Set ``JUPYTER_GOALS_CHROMIUM`` to use another binary.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -25,11 +26,15 @@ import time
 import urllib.error
 import urllib.request
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.servers import write_script
 
 if TYPE_CHECKING:  # playwright is imported lazily so that a missing browser can skip cleanly
     from playwright.sync_api import Browser, ConsoleMessage, Page
@@ -93,6 +98,8 @@ class LabServer:
     state_dir: Path
     log_path: Path
     labextension: Path
+    cmd: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
@@ -145,6 +152,22 @@ class LabServer:
                 last = str(err)
             time.sleep(0.25)
         raise TimeoutError(f"jupyter lab not ready after {timeout}s ({last}):\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """``kill -9`` the server (its workers die with it; detached tool processes live on)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+    def restart(self, ready_timeout: float = 90) -> None:
+        """Start the same server again: same port, token, root, state and config dirs."""
+        assert self.proc.poll() is not None, "restart() needs the old process gone: kill() or stop() first"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.cmd, cwd=self.root_dir, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.wait_ready(ready_timeout)
 
     def stop(self, timeout: float = 15) -> None:
         if self.proc.poll() is None:
@@ -247,7 +270,7 @@ def run_jupyter_lab(
         proc = subprocess.Popen(
             cmd, cwd=root_dir, env=proc_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
-    server = LabServer(proc, port, token, root_dir, state_dir, log_path, labextension)
+    server = LabServer(proc, port, token, root_dir, state_dir, log_path, labextension, cmd, proc_env)
     try:
         server.wait_ready(ready_timeout)
         yield server
@@ -353,15 +376,68 @@ class LabPage:
         return path
 
 
+def browser_missing_reason() -> str | None:
+    """Why the browser tests cannot run here (no Chromium, or no playwright), or None when they can."""
+    missing = chromium_missing_reason()
+    if missing is None:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError as exc:
+            missing = f"playwright is not importable ({exc}): it is in the `test` extra, pip install -e '.[test]'"
+    return missing
+
+
 def require_chromium() -> None:
-    """Module-level gate of the browser tests: CI installs Chromium (.ci/install-chromium.sh), so a
-    missing browser there is a failure, not a skip; elsewhere the module is skipped with the reason."""
+    """Module-level gate of the browser tests: CI installs Chromium (.ci/install-chromium.sh) and
+    playwright, so either missing there (``CI`` set; .ci/run sets it) fails the run with the reason;
+    elsewhere the module is skipped with the reason (printed in the summary: addopts has ``-rs``)."""
     import pytest
 
-    missing = chromium_missing_reason()
+    missing = browser_missing_reason()
     if missing and os.environ.get("CI"):
-        raise RuntimeError(missing)
+        raise RuntimeError(f"CI is set and the browser tests cannot run: {missing}")
     if missing:
         pytest.skip(missing, allow_module_level=True)
-    pytest.importorskip("playwright.sync_api", reason="playwright is in the `test` extra: pip install -e '.[test]'")
 
+
+# --------------------------------------------------------------------------- shared by the browser tests
+
+
+@pytest.fixture
+def jp_asyncio_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """pytest-jupyter's autouse loop fixture installs a loop and closes it afterwards; Playwright's sync
+    API would run on that installed loop. Give pytest-jupyter a private loop and leave Playwright its own."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def api(server: LabServer, method: str, path: str, body: Any = None, expect: tuple[int, ...] = (200, 201, 202)) -> Any:
+    status, answer = server.request(method, f"api/goals/{path}", body)
+    assert status in expect, f"{method} {path} -> {status} {answer!r}\n{server.log_tail(2000)}"
+    return answer
+
+
+def goals_ready(server: LabServer) -> LabServer:
+    """The extension answers 503 ``starting`` until its schema is migrated and recovery has run."""
+    def ready() -> bool:
+        status, health = server.request("GET", "api/goals/health")
+        return status == 200 and isinstance(health, dict) and health.get("status") == "ok"
+
+    wait_until(ready, "jupyter_goals to start", 60)
+    return server
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def asking_model(tmp: Path) -> str:
+    """Asks to write a.txt (an approval in ask mode), then answers once the tool ran."""
+    return write_script(tmp / "ask.json", [{"when": {"last_tool_result_contains": ""}, "respond": {"text": "written"}}],
+                        default={"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}]})

@@ -16,12 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jupyter_goals.goals import lifecycle
 from jupyter_goals.identity import ProcessIdentity, boot_id, host_name
+from jupyter_goals.models import Requirement
 from jupyter_goals.prices import PriceTable
 from jupyter_goals.recovery.coordinator import Coordinator, RecoveryReport
 from jupyter_goals.runtime.tools import ToolRegistry
 from jupyter_goals.runtime.turn import TurnRunner
 from jupyter_goals.store import control as c
+from jupyter_goals.store import goals as g
 from jupyter_goals.store.db import Database, Row, Tx
 from jupyter_goals.store.schema import migrate
 
@@ -36,6 +39,7 @@ class Rig:
     def __init__(self, tmp_path: Path, rules: list[dict[str, Any]], trusted_tools: dict[str, Any] | None = None,
                  prices: PriceTable | None = None) -> None:
         self.prices = prices
+        self.tool_env_allow: list[str] = []  # GoalsApp.tool_env_allow of the rig's "server"
         self.state = tmp_path / "state"
         self.root = tmp_path / "root"
         self.state.mkdir()
@@ -83,7 +87,8 @@ class Rig:
 
     def _runner(self, attempt: Row) -> TurnRunner:
         return TurnRunner(self.wdb, attempt, state_dir=self.state, registry=self.registry, default_model=self.model,
-                          cwd=str(self.root), retry_base_s=0.05, prices=self.prices)
+                          cwd=str(self.root), retry_base_s=0.05, prices=self.prices,
+                          tool_env_allow=self.tool_env_allow)
 
     async def step(self) -> bool:
         """recover() (which admits), then run one admitted attempt to its end. False if none was admitted."""
@@ -154,3 +159,31 @@ async def run_next_attempt(db: Database, state_dir: Path, model: str, cwd: str, 
     await TurnRunner(db, attempt, state_dir=state_dir, registry=registry or ToolRegistry(), default_model=model,
                      cwd=cwd).run()
     return attempt
+
+
+# --------------------------------------------------------------------------- Goal helpers
+
+BYPASS = {"mode": "bypass", "allow": []}
+
+
+def call(name: str, text: str = "", **arguments: Any) -> dict[str, Any]:
+    return {"text": text, "tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def new_goal(rig: Rig, objective: str, requirements: list[dict[str, Any]] | None = None,
+             permissions: dict[str, Any] | None = None) -> tuple[str, Row]:
+    sid = rig.session(permissions or BYPASS)
+
+    def run(tx: Tx) -> Row:
+        reqs = [Requirement.model_validate(r) for r in requirements] if requirements is not None else None
+        return lifecycle.create(tx, c.get_session(tx, sid), objective, reqs, {}, host=host_name(), auto_recover=True)
+
+    return sid, rig.tx(run)
+
+
+def goal(rig: Rig, goal_id: str) -> Row:
+    return rig.db.transact(lambda tx: g.get_goal(tx, goal_id), write=False)  # type: ignore[no-any-return]
+
+
+def acceptance(rig: Rig, goal_id: str) -> list[Row]:
+    return rig.rows("SELECT * FROM acceptance_results WHERE goal_id = ? ORDER BY result_version", (goal_id,))

@@ -40,7 +40,10 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from jupyter_goals.models import Usage
 
 DropMode = Literal["reset", "eof"]
 
@@ -186,6 +189,7 @@ def build_json_response(plan: Plan, model: str, n: int) -> dict[str, Any]:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
+    done_frame = b"data: [DONE]\n\n"  # sent after the events when ``send_done``
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -203,6 +207,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
         self.close_connection = True
+
+    def frame(self, payload: str) -> bytes:
+        """One SSE frame for an event payload (the Anthropic server also names the event)."""
+        return f"data: {payload}\n\n".encode()
 
     def _write_chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -283,12 +291,12 @@ class _Handler(BaseHTTPRequestHandler):
                         return
                 if plan.chunk_delay and i:
                     time.sleep(plan.chunk_delay)
-                self._write_chunk(f"data: {payload}\n\n".encode())
+                self._write_chunk(self.frame(payload))
             if plan.drop_after is not None and plan.drop_after <= len(events):
                 self._drop(plan.drop_mode)
                 return
-            if plan.send_done:
-                self._write_chunk(b"data: [DONE]\n\n")
+            if plan.send_done and self.done_frame:
+                self._write_chunk(self.done_frame)
             self._write_chunk(b"")  # terminating zero-length chunk
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client went away
@@ -318,6 +326,8 @@ class _Server(ThreadingHTTPServer):
 class OpenAITestServer:
     """Scripted OpenAI-compatible server on 127.0.0.1:<free port>, served from a background thread."""
 
+    handler_class: type[BaseHTTPRequestHandler] = _Handler
+
     def __init__(self, default_plan: Plan | None = None) -> None:
         self.lock = threading.Lock()
         self.default_plan = default_plan
@@ -332,7 +342,7 @@ class OpenAITestServer:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> OpenAITestServer:
-        httpd = _Server(("127.0.0.1", 0), _Handler)
+        httpd = _Server(("127.0.0.1", 0), self.handler_class)
         httpd.owner = self
         self._httpd = httpd
         self._thread = threading.Thread(
@@ -454,3 +464,15 @@ def running_server(default_plan: Plan | None = None) -> Iterator[OpenAITestServe
         yield server
     finally:
         server.close()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.chunks: list[str] = []
+        self.usages: list[Usage] = []
+
+    async def on_chunk(self, text: str) -> None:
+        self.chunks.append(text)
+
+    def on_usage(self, usage: Usage) -> None:  # sync callbacks are accepted too
+        self.usages.append(usage)

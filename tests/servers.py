@@ -16,13 +16,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from jupyter_goals.effect_files import group_members
 from jupyter_goals.notebook.client import GoalsClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,8 +59,11 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/"
 
-    def start(self, crash_at: str | None = None, wait: bool = True, env: dict[str, str] | None = None) -> ServerProcess:
-        self.port = free_port()
+    def start(self, crash_at: str | None = None, wait: bool = True, env: dict[str, str] | None = None,
+              same_port: bool = False) -> ServerProcess:
+        """``same_port``: restart where clients (kernels, pages) already point."""
+        if not (same_port and self.port):
+            self.port = free_port()
         environ = dict(os.environ)
         environ.pop("JUPYTER_GOALS_CRASH_AT", None)
         environ.update(self.env_extra)
@@ -191,3 +195,123 @@ def wait_for(cond: Any, timeout: float = 30.0, what: str = "condition") -> None:
         time.sleep(0.05)
     raise TimeoutError(what)
 
+
+def full_passes(server: ServerProcess, n: int = 2, timeout: float = 30.0) -> None:
+    """Wait until the server's Coordinator has run ``n`` full passes (ownership, recovery, decide,
+    admit) that all began after this call: the evidence for "nothing happened" (never a fixed sleep).
+    GET /health's ``recovery.at`` is stamped as each pass ends, and passes run one at a time, so of the
+    distinct stamps seen after the call only the first may belong to a pass begun before it."""
+    since = time.time()
+    seen: set[float] = set()
+
+    def stamped() -> bool:
+        at = server.client().health().get("recovery", {}).get("at")
+        if at is not None and at > since:
+            seen.add(at)
+        return len(seen) > n
+
+    wait_for(stamped, timeout=timeout, what=f"{n} full Coordinator passes")
+
+
+def attempt_count(state: Path) -> int:
+    """Attempts ever admitted: a pass that admits work adds one, so an unchanged count after
+    ``full_passes`` proves nothing was admitted."""
+    return int(db_rows(state, "SELECT COUNT(*) AS n FROM attempts")[0]["n"])
+
+
+
+def shell_running(state: Path, session_id: str | None = None) -> Path | None:
+    """The effect dir of a dispatched shell call (of ``session_id``, if given) whose command is running:
+    its process group alive. A call is committed ``dispatched`` before its command starts; a kill in
+    between leaves an outcome that is unknown, not a command to reconnect to."""
+    sql = "SELECT effect_id FROM effects WHERE tool = 'shell' AND state = 'dispatched'"
+    rows = db_rows(state, sql + " AND session_id = ?", (session_id,)) if session_id else db_rows(state, sql)
+    for row in rows:
+        d = state / "effects" / row["effect_id"]
+        if group_members(d):
+            return d
+    return None
+
+
+def running_shell(state: Path, session_id: str | None = None) -> Path:
+    """Wait for a running shell command (see ``shell_running``); its effect dir."""
+    wait_for(lambda: shell_running(state, session_id) is not None, timeout=30, what="a running shell command")
+    found = shell_running(state, session_id)
+    assert found is not None
+    return found
+
+
+# --------------------------------------------------------------------------- process-level crash helpers
+
+#: the scripted chat of the crash tests: run ``shell`` once to append one line to ``out.txt``, then answer
+APPEND_RULES: list[dict[str, Any]] = [
+    {"when": {"last_user_contains": "append", "tool_result_unknown": True},
+     "respond": {"text": "The append has an unknown outcome; I will not repeat it.", "usage": {"input_tokens": 9, "output_tokens": 3}}},
+    {"when": {"last_user_contains": "append", "last_tool_result_contains": "exit status: 0"},
+     "respond": {"text": "Appended one line.", "usage": {"input_tokens": 10, "output_tokens": 4}}},
+    {"when": {"last_user_contains": "append"},
+     "respond": {"text": "Appending.", "tool_calls": [{"name": "shell", "arguments": {"command": "echo line >> out.txt"}}],
+                 "usage": {"input_tokens": 8, "output_tokens": 2}}},
+    {"when": {"last_user_contains": "slow", "last_tool_result_contains": "exit status"},
+     "respond": {"text": "Slow command finished.", "usage": {"input_tokens": 5, "output_tokens": 1}}},
+    {"when": {"last_user_contains": "slow"},
+     "respond": {"text": "Running slowly.", "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 2; echo line >> out.txt"}}]}},
+    {"when": {"last_user_contains": "think"},
+     "respond": {"text": "Thought about it.", "delay_s": 0.4, "usage": {"input_tokens": 3, "output_tokens": 1}}},
+]
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def fired(state: Path, point: str) -> bool:
+    return (state / "faults" / f"{point}.fired").exists()
+
+
+def spawned(state: Path) -> int:
+    """Shell processes started so far (their identity file is written right after the spawn)."""
+    return len(list((state / "effects").glob("*/proc.json"))) if (state / "effects").exists() else 0
+
+
+def wait_spawned(state: Path, n: int = 1) -> None:
+    wait_for(lambda: spawned(state) >= n, what=f"{n} shell process(es) to start")
+
+
+def new_session(server: ServerProcess, root: Path) -> str:
+    snap = server.client().create_session(title="crash", cwd=str(root), permissions={"mode": "bypass"})
+    return str(snap["session"]["session_id"])
+
+
+def check_ownership(state: Path, quota: int) -> None:
+    """One owner per work item and one running request per session at this instant, within the quota."""
+    shared = db_rows(state, "SELECT work_id, COUNT(*) AS n FROM attempts WHERE state IN ('admitted', 'running')"
+                            " GROUP BY work_id HAVING COUNT(*) > 1")
+    assert shared == [], f"work items with more than one live attempt: {shared}"
+    per_session = db_rows(state, "SELECT session_id, COUNT(*) AS n FROM attempts WHERE state IN ('admitted', 'running')"
+                                 " GROUP BY session_id HAVING COUNT(*) > 1")
+    assert per_session == [], f"sessions running more than one request: {per_session}"
+    [live] = db_rows(state, "SELECT COUNT(*) AS n FROM attempts WHERE state IN ('admitted', 'running')")
+    assert live["n"] <= quota, f"{live['n']} live attempts over the quota of {quota}"
+
+
+def sample_until(state: Path, quota: int, done: Callable[[], bool], timeout: float, what: str) -> int:
+    """Check ownership every ~50 ms until ``done``; returns the number of samples taken."""
+    samples = 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        check_ownership(state, quota)
+        samples += 1
+        if done():
+            return samples
+        time.sleep(0.05)
+    raise TimeoutError(what)
+
+
+def usage_rows(state: Path, sql: str) -> list[dict[str, Any]]:
+    conn = sqlite3.connect(state / "usage.db")
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql)]
+    finally:
+        conn.close()

@@ -6,6 +6,7 @@ The `backend` fixture itself lives in conftest.py so every test module gets it w
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -82,3 +83,9 @@ def new_chat(tx: Tx, text: str = "hello", client_request_id: str = "req-1") -> t
     msg, created = c.accept_message(tx, session, text, client_request_id, "queue", auto_recover=True, host="host-a")
     assert created
     return session, c.get_work(tx, msg["work_id"])
+
+
+def request(rid: str, model: str = "openai:m", **extra: Any) -> dict[str, Any]:
+    return {"request_id": rid, "session_id": "ses_1", "work_id": "wrk_1", "turn_id": "trn_1", "goal_id": "gol_1",
+            "goal_revision": 3, "purpose": "work", "provider": model.partition(":")[0], "model": model,
+            "created_at": time.time(), **extra}

@@ -7,25 +7,20 @@ the system Chromium, no browser download) and the built labextension (`pip insta
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from .browser import LabPage, require_chromium, run_jupyter_lab
-
-
-@pytest.fixture
-def jp_asyncio_loop() -> Iterator[asyncio.AbstractEventLoop]:
-    """pytest-jupyter's autouse loop fixture installs a loop and closes it afterwards; Playwright's sync
-    API would run on that installed loop. Give pytest-jupyter a private loop and leave Playwright its own."""
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
+from .browser import (
+    LabPage,
+    jp_asyncio_loop,  # noqa: F401 - Playwright keeps its own loop (see there)
+    require_chromium,
+    run_jupyter_lab,
+)
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Route

@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .browser import LabPage, LabServer, require_chromium, run_jupyter_lab
+from .browser import (
+    LabPage,
+    api,
+    asking_model,
+    goals_ready,
+    jp_asyncio_loop,  # noqa: F401 - Playwright keeps its own loop (see there)
+    require_chromium,
+    run_jupyter_lab,
+    wait_until,
+)
 from .servers import write_script
-from .test_browser import jp_asyncio_loop  # noqa: F401 - Playwright keeps its own loop (see there)
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Locator
@@ -30,37 +37,6 @@ APPROVAL_MIME = "application/vnd.jupyter-goals.approval+json"
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 require_chromium()
-
-
-def api(server: LabServer, method: str, path: str, body: Any = None, expect: tuple[int, ...] = (200, 201, 202)) -> Any:
-    status, answer = server.request(method, f"api/goals/{path}", body)
-    assert status in expect, f"{method} {path} -> {status} {answer!r}\n{server.log_tail(2000)}"
-    return answer
-
-
-def goals_ready(server: LabServer) -> LabServer:
-    """The extension answers 503 ``starting`` until its schema is migrated and recovery has run."""
-    def ready() -> bool:
-        status, health = server.request("GET", "api/goals/health")
-        return status == 200 and isinstance(health, dict) and health.get("status") == "ok"
-
-    wait_until(ready, "jupyter_goals to start", 60)
-    return server
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def asking_model(tmp: Path) -> str:
-    """Asks to write a.txt (an approval in ask mode), then answers once the tool ran."""
-    return write_script(tmp / "ask.json", [{"when": {"last_tool_result_contains": ""}, "respond": {"text": "written"}}],
-                        default={"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}]})
 
 
 def slow_model(tmp: Path) -> str:

@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 
+from jupyter_goals.effect_files import kill_shell, shell_alive
 from jupyter_goals.notebook.client import GoalsError
-from jupyter_goals.runtime.tools import kill_shell, shell_alive
-from tests.servers import ROOT, ServerProcess, db_rows, server_env
-from tests.test_crash import fired, lines, spawned, wait_for, wait_spawned
+from tests.servers import ROOT, ServerProcess, db_rows, fired, lines, server_env, spawned, wait_spawned
 
 pytestmark = pytest.mark.slow
 
@@ -104,11 +103,13 @@ def test_pending_approval_survives_restart_and_crash_during_recovery_and_runs_on
 
 def test_live_shell_is_reconnected_after_worker_and_server_kill_and_its_real_result_committed(env: dict[str, Any]) -> None:
     root, state = env["root"], env["state"]
-    server = env["make"]().start(crash_at="tool.after_dispatch")
+    # the whole server dies at the point (faults.py); a live server would reconnect to the command
+    # before the restart that is under test
+    server = env["make"](env={"JUPYTER_GOALS_CRASH_SCOPE": "group"}).start(crash_at="tool.after_dispatch")
     sid = session(server, root, {"mode": "bypass"})
     server.client().send(sid, "longjob: run it")
-    wait_for(lambda: fired(state, "tool.after_dispatch"), what="tool.after_dispatch")  # the worker died there
-    server.kill()  # and the server with it
+    assert server.wait_exit(timeout=60) == -9  # the worker died there, and the server with it
+    assert fired(state, "tool.after_dispatch")
     [effect_dir] = effect_dirs(state)
     proc_before = json.loads((effect_dir / "proc.json").read_text())
     assert shell_alive(effect_dir)  # still running when the server comes back
@@ -131,12 +132,12 @@ def test_killed_tool_process_is_unknown_and_restricts_the_next_turn(env: dict[st
     root, state = env["root"], env["state"]
     (root / "probe.txt").write_text("probe-content")
     extra = [f"--GoalsApp.trusted_tools={json.dumps(TRUSTED_TOOLS)}"]
-    server = env["make"](extra).start(crash_at="tool.after_dispatch")
+    server = env["make"](extra, env={"JUPYTER_GOALS_CRASH_SCOPE": "group"}).start(crash_at="tool.after_dispatch")
     # neither bypass nor allow rules may waive the approval that follows unknown effects
     sid = session(server, root, {"mode": "bypass", "allow": ["write_file", "read_secret_writer"]})
     server.client().send(sid, "longjob: run it")
-    wait_for(lambda: fired(state, "tool.after_dispatch"), what="tool.after_dispatch")
-    server.kill()
+    assert server.wait_exit(timeout=60) == -9  # the whole server died at the point (faults.py)
+    assert fired(state, "tool.after_dispatch")
     [effect_dir] = effect_dirs(state)
     assert kill_shell(effect_dir)  # the tool's process group dies too
 

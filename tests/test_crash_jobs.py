@@ -13,9 +13,19 @@ from typing import Any
 
 import pytest
 
-from tests.servers import db_rows, server_env
-from tests.test_crash import fired, lines, new_session, wait_for, wait_spawned
-from tests.test_crash_storms import check_ownership, sample_until
+from tests.servers import (
+    attempt_count,
+    check_ownership,
+    db_rows,
+    fired,
+    full_passes,
+    lines,
+    new_session,
+    sample_until,
+    server_env,
+    wait_for,
+    wait_spawned,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +48,15 @@ RULES: list[dict[str, Any]] = [
      "respond": {"text": "child says 42"}},
     {"when": {"last_user_contains": "append slowly"}, "respond": call("shell", command="sleep 2; echo child >> out.txt")},
     {"when": {"last_user_contains": "append once"}, "respond": call("shell", command="echo child >> out.txt")},
-    # storm: chats, Jobs and Goals
-    {"when": {"last_user_contains": "think"}, "respond": {"text": "Thought about it.", "delay_s": 1.0}},
-    {"when": {"last_user_contains": "report"}, "respond": {"text": "job result: all fine", "delay_s": 0.5}},
+    # storm: chats, Jobs and Goals; slow enough that creating all 50 sessions (seconds on a busy machine)
+    # finishes little of their work before the kill
+    {"when": {"last_user_contains": "think"}, "respond": {"text": "Thought about it.", "delay_s": 3.0}},
+    {"when": {"last_user_contains": "report"}, "respond": {"text": "job result: all fine", "delay_s": 2.0}},
     {"when": {"last_user_contains": "Make flag.txt", "last_tool_result_contains": "0 open"}, "respond": {"text": "Plan done."}},
     {"when": {"last_user_contains": "Make flag.txt", "last_tool_result_contains": "wrote"},
      "respond": call("todo_write", items=[{"text": "make flag.txt", "status": "completed"}])},
     {"when": {"last_user_contains": "Make flag.txt"}, "respond": {**call("write_file", path="flag.txt", content="up"),
-                                                                  "delay_s": 0.5}},
+                                                                  "delay_s": 1.5}},
 ]
 
 
@@ -86,17 +97,21 @@ def test_parent_receives_the_result_of_a_child_that_finished_while_the_server_wa
     assert (wait["state"], wait["outcome"], wait["handle"]) == ("consumed", "completed", child["work_id"])
     child_snap = restarted.client().session(child["session_id"])
     assert child_snap["work"]["phase"] == "done" and "interruption" in transcript_kinds(child_snap)
-    time.sleep(1.5)  # further reconcile ticks change nothing
+    attempts = attempt_count(env["state"])
+    full_passes(restarted)  # further passes change nothing
+    assert attempt_count(env["state"]) == attempts
     assert [i["kind"] for i in restarted.client().session(sid)["transcript"]["items"]].count("subtask_result") == 1
 
 
 @pytest.mark.parametrize("point", ["child.before_delivery", "child.after_delivery"])
 def test_crash_around_delivery_delivers_the_child_result_once(env: dict[str, Any], point: str) -> None:
-    server = env["make"]().start(crash_at=point)
+    # the whole server dies at the point (faults.py): a live server would recover the worker's work
+    # at once and could deliver the result before a kill from here
+    server = env["make"]().start(crash_at=point, env={"JUPYTER_GOALS_CRASH_SCOPE": "group"})
     sid = new_session(server, env["root"])
     parent = server.client().send(sid, "please delegate", client_request_id="r1")["work_id"]
-    wait_for(lambda: fired(env["state"], point), what=f"{point} to fire")
-    server.kill()
+    assert server.wait_exit(timeout=60) == -9
+    assert fired(env["state"], point)
     delivered_before = db_rows(env["state"], "SELECT COUNT(*) AS n FROM transcript WHERE kind = 'subtask_result'")[0]["n"]
     assert delivered_before == (1 if point == "child.after_delivery" else 0)
 
@@ -128,7 +143,7 @@ def test_fifty_sessions_of_chats_goals_and_jobs_all_finish_after_a_kill_with_one
                  30, "work running before the kill")
     server.kill()
     unfinished = db_rows(state, "SELECT COUNT(*) AS n FROM work_items WHERE phase NOT IN ('done', 'cancelled')")[0]["n"]
-    assert unfinished >= 40
+    assert unfinished >= 30  # most of the 55 items were still running or queued at the kill (precondition)
 
     started, restart = time.monotonic(), time.time()
     restarted = env["make"](extra).start()

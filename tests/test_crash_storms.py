@@ -9,14 +9,13 @@ running than ``max_concurrent_turns``, and admissions ordered round-robin by ses
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.servers import db_rows, server_env, write_script
-from tests.test_crash import new_session
+from tests.servers import db_rows, new_session, sample_until, server_env, write_script
 
 pytestmark = pytest.mark.slow
 
@@ -40,31 +39,6 @@ RULES: list[dict[str, Any]] = [
 def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
     with server_env(tmp_path, RULES) as e:
         yield e
-
-
-def check_ownership(state: Path, quota: int) -> None:
-    """One owner per work item and one running request per session at this instant, within the quota."""
-    shared = db_rows(state, "SELECT work_id, COUNT(*) AS n FROM attempts WHERE state IN ('admitted', 'running')"
-                            " GROUP BY work_id HAVING COUNT(*) > 1")
-    assert shared == [], f"work items with more than one live attempt: {shared}"
-    per_session = db_rows(state, "SELECT session_id, COUNT(*) AS n FROM attempts WHERE state IN ('admitted', 'running')"
-                                 " GROUP BY session_id HAVING COUNT(*) > 1")
-    assert per_session == [], f"sessions running more than one request: {per_session}"
-    [live] = db_rows(state, "SELECT COUNT(*) AS n FROM attempts WHERE state IN ('admitted', 'running')")
-    assert live["n"] <= quota, f"{live['n']} live attempts over the quota of {quota}"
-
-
-def sample_until(state: Path, quota: int, done: Callable[[], bool], timeout: float, what: str) -> int:
-    """Check ownership every ~50 ms until ``done``; returns the number of samples taken."""
-    samples = 0
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        check_ownership(state, quota)
-        samples += 1
-        if done():
-            return samples
-        time.sleep(0.05)
-    raise TimeoutError(what)
 
 
 def phases(state: Path, sids: list[str]) -> dict[str, str]:

@@ -5,7 +5,6 @@ ledger taken offline, and a local OpenAI-compatible server sending cumulative us
 
 from __future__ import annotations
 
-import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.servers import db_rows, server_env, write_script
-from tests.test_crash import APPEND_RULES, lines, wait_for
+from tests.servers import APPEND_RULES, db_rows, lines, server_env, usage_rows, wait_for, write_script
 
 pytestmark = pytest.mark.slow
 
@@ -25,15 +23,6 @@ PG = "postgresql://postgres@127.0.0.1:5432"
 def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
     with server_env(tmp_path, APPEND_RULES) as e:
         yield e
-
-
-def usage_rows(state: Path, sql: str) -> list[dict[str, Any]]:
-    conn = sqlite3.connect(state / "usage.db")
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql)]
-    finally:
-        conn.close()
 
 
 def assert_each_answer_counted_once(state: Path) -> None:
@@ -65,6 +54,28 @@ def test_receipts_are_counted_exactly_once_after_a_crash_around_the_ledger_write
     lost = len(db_rows(env["state"], "SELECT 1 FROM requests WHERE state = 'lost'"))
     assert answer["unknown_usage_requests"] == lost <= 1
     assert answer["display"] == "Known $0.00" + (f"; usage unknown for {lost} additional request" if lost else "")
+    assert lines(env["out"]) == 1
+
+
+def test_a_worker_killed_right_after_committing_its_final_answer_does_not_ask_the_model_again(
+    env: dict[str, Any],
+) -> None:
+    """The cause of a once-seen failure of the test above (input 28 / output 10 instead of 18 / 6): the
+    worker died between committing the final answer and finishing the turn; recovery's interruption
+    marker then became the turn's last item and the resumed attempt asked the model again. The final
+    answer must finish the turn: two answered requests, each counted once, the command run once."""
+    server = env["make"]().start(crash_at="provider.after_commit#2")
+    cl = server.client()
+    sid = str(cl.create_session(title="final", cwd=str(env["root"]), permissions={"mode": "bypass"})["session"]["session_id"])
+    cl.send(sid, "please append a line", client_request_id="r1")
+    wait_for(lambda: (env["state"] / "faults" / "provider.after_commit.fired").exists(), timeout=60,
+             what="the worker killed after committing the final answer")
+    snap = cl.wait(sid, timeout=60)  # the supervisor restarts the worker; recovery resumes the turn
+    assert [i["content"] for i in snap["transcript"]["items"] if i["kind"] == "assistant"] == ["Appending.", "Appended one line."]
+    assert any(i["kind"] == "interruption" for i in snap["transcript"]["items"])
+    assert len(db_rows(env["state"], "SELECT 1 FROM requests")) == 2
+    wait_for(lambda: cl.usage(session_id=sid)["ledger_writes_pending"] == 0, what="the outbox to drain")
+    assert cl.usage(session_id=sid)["known_tokens"] == {"input": 18, "output": 6, "cached": 0}
     assert lines(env["out"]) == 1
 
 

@@ -316,3 +316,21 @@ def test_work_that_should_run_is_never_cancelled_or_marked_done(f: RecoveryFacts
     d = decide(dataclasses.replace(f, desired_state=DesiredState.RUN))
     assert d.action not in (Action.CANCEL, Action.DONE)
     assert d.phase not in (Phase.CANCELLED, Phase.DONE)
+
+
+def test_scope_lost_counts_only_a_narrowing_of_the_saved_permission_scope() -> None:
+    """The Coordinator's ``permission_revoked`` fact: what a work item's saved scope lets run that the
+    current permissions of its session (or its Job's caller, or its parent) no longer do."""
+    from jupyter_goals.recovery.coordinator import scope_lost
+
+    rule = {"tool": "write_file", "path": "notes/**"}
+    assert scope_lost({"mode": "bypass"}, {"mode": "ask"}) == ["bypass mode"]
+    assert scope_lost({"mode": "bypass"}, {"mode": "bypass"}) == []
+    assert scope_lost({"mode": "ask", "allow": ["shell"]}, {"mode": "bypass"}) == []  # wider: nothing lost
+    assert scope_lost({"mode": "ask", "allow": ["shell", rule]}, {"mode": "ask", "allow": [rule]}) == [
+        'the allow rule "shell"']
+    assert scope_lost({"mode": "ask", "allow": [rule]}, {"mode": "ask", "allow": ["shell"]}) == [
+        'the allow rule {"path": "notes/**", "tool": "write_file"}']
+    assert scope_lost({"mode": "bypass", "env_allow": ["HF_HOME"]}, {"mode": "bypass"}) == [
+        "the environment variable HF_HOME"]
+    assert scope_lost({"mode": "ask"}, {"mode": "ask", "allow": ["shell"], "env_allow": ["X"]}) == []

@@ -22,9 +22,9 @@ from jupyter_goals.identity import host_name
 from jupyter_goals.models import GoalPhase, GoalState, Requirement
 from jupyter_goals.store import control as c
 from jupyter_goals.store import goals as g
-from jupyter_goals.store.db import Row, Tx, VersionConflict
-from tests.inproc import Rig
-from tests.test_rest import (  # noqa: F401 - the REST fixtures are shared with test_rest.py
+from jupyter_goals.store.db import Tx, VersionConflict
+from tests.inproc import BYPASS, Rig, acceptance, call, goal, new_goal
+from tests.restkit import (  # noqa: F401 - the REST fixtures are shared (tests/restkit.py)
     Api,
     assert_error,
     goals_state_dir,
@@ -33,12 +33,7 @@ from tests.test_rest import (  # noqa: F401 - the REST fixtures are shared with 
     start_goals,
 )
 
-BYPASS = {"mode": "bypass", "allow": []}
 VERDICT_JSON = '{"verdicts": [{"requirement_id": "r1", "verdict": "met", "evidence": "trust me"}]}'
-
-
-def call(name: str, text: str = "", **arguments: Any) -> dict[str, Any]:
-    return {"text": text, "tool_calls": [{"name": name, "arguments": arguments}]}
 
 
 RULES: list[dict[str, Any]] = [
@@ -103,25 +98,6 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
     r = Rig(tmp_path, RULES)
     yield r
     r.close()
-
-
-def new_goal(rig: Rig, objective: str, requirements: list[dict[str, Any]] | None = None,
-             permissions: dict[str, Any] | None = None) -> tuple[str, Row]:
-    sid = rig.session(permissions or BYPASS)
-
-    def run(tx: Tx) -> Row:
-        reqs = [Requirement.model_validate(r) for r in requirements] if requirements is not None else None
-        return lifecycle.create(tx, c.get_session(tx, sid), objective, reqs, {}, host=host_name(), auto_recover=True)
-
-    return sid, rig.tx(run)
-
-
-def goal(rig: Rig, goal_id: str) -> Row:
-    return rig.db.transact(lambda tx: g.get_goal(tx, goal_id), write=False)  # type: ignore[no-any-return]
-
-
-def acceptance(rig: Rig, goal_id: str) -> list[Row]:
-    return rig.rows("SELECT * FROM acceptance_results WHERE goal_id = ? ORDER BY result_version", (goal_id,))
 
 
 async def run_until(rig: Rig, cond: Any, limit: int = 30) -> None:

@@ -26,8 +26,7 @@ from jupyter_goals.store import control as c
 from jupyter_goals.store import waits
 from jupyter_goals.store.db import Database, Row, Tx
 from tests.inproc import Rig
-from tests.storekit import Backend
-from tests.test_rest import (  # noqa: F401 - the REST fixtures are shared with test_rest.py
+from tests.restkit import (  # noqa: F401 - the REST fixtures are shared (tests/restkit.py)
     Api,
     assert_error,
     goals_state_dir,
@@ -35,6 +34,7 @@ from tests.test_rest import (  # noqa: F401 - the REST fixtures are shared with 
     jp_server_config,
     start_goals,
 )
+from tests.storekit import Backend
 
 BYPASS = {"mode": "bypass", "allow": []}
 DELEGATE = {"text": "Delegating.", "tool_calls": [{"name": "spawn_subtask", "arguments": {"task": "compute the answer"}}]}
@@ -507,7 +507,7 @@ async def test_jobs_rest_contract(rest: Api) -> None:
     assert job["goal_id"] is None and job["input"] == "report status"
     assert job["actions"]["can_pause"] and job["actions"]["can_end"]
     snap = await rest.ok("GET", f"sessions/{job['session_id']}")
-    assert snap["session"]["permissions"] == {"mode": "ask", "allow": ["write_file"]}  # the caller's, no broader
+    assert snap["session"]["permissions"] == {"mode": "ask", "allow": ["write_file"], "env_allow": []}  # the caller's, no broader
     # Goal identity: explicit, or the caller session's active Goal
     goal = await rest.ok("POST", "goals", {"session_id": sid, "objective": "Keep it tidy",
                                            "requirements": [{"text": "tidy"}]}, expect=201)

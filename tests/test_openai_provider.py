@@ -16,14 +16,15 @@ from jupyter_goals.models import (
     ToolCallSpec,
     Usage,
 )
-from jupyter_goals.providers.base import ProviderError, ProviderUnavailable, resolve_provider
+from jupyter_goals.providers.base import ProviderError, ProviderUnavailable
 from jupyter_goals.providers.openai_compat import (
     DEFAULT_BASE_URL,
     OpenAICompatProvider,
     parse_arguments,
     to_openai_messages,
 )
-from tests.openai_server import OpenAITestServer, openai_usage, running_server
+from jupyter_goals.providers.resolve import resolve_provider
+from tests.openai_server import OpenAITestServer, Recorder, openai_usage, running_server
 
 
 @pytest.fixture
@@ -39,18 +40,6 @@ def provider(openai_server: OpenAITestServer) -> OpenAICompatProvider:
 def _request(request_id: str = "req-1", **kw: object) -> ProviderRequest:
     messages = kw.pop("messages", None) or [ProviderMessage(role="user", content="hi")]
     return ProviderRequest(request_id=request_id, messages=messages, **kw)  # type: ignore[arg-type]
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.chunks: list[str] = []
-        self.usages: list[Usage] = []
-
-    async def on_chunk(self, text: str) -> None:
-        self.chunks.append(text)
-
-    def on_usage(self, usage: Usage) -> None:  # sync callbacks are accepted too
-        self.usages.append(usage)
 
 
 # --------------------------------------------------------------------------- text and tool calls

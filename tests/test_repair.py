@@ -13,6 +13,8 @@ from jupyter_goals.models import ItemKind, ProviderMessage, ToolCallSpec, Transc
 from jupyter_goals.recovery.repair import (
     INTERRUPTED_MARKER,
     AmbiguousCallIds,
+    IncrementalHistory,
+    estimate_tokens,
     never_started_text,
     placeholder_text,
     repair_history,
@@ -390,3 +392,84 @@ def test_late_receipt_text_is_deterministic() -> None:
 
     assert late_receipt_text("c1", "x") == late_receipt_text("c1", "x")
     assert late_receipt_text("c1", "x").startswith("[late result]")
+
+
+# --------------------------------------------------------------------------- incremental history (issue 14)
+
+
+def _full_or_error(items: list[TranscriptItem]) -> list[ProviderMessage] | type[Exception]:
+    try:
+        return repair_history(items, system_prompt="sys")
+    except AmbiguousCallIds:
+        return AmbiguousCallIds
+
+
+@settings(max_examples=400, deadline=None)
+@given(transcripts(), st.data())
+def test_property_incremental_history_equals_a_full_rebuild_at_every_step(
+    items: list[TranscriptItem], data: st.DataObject
+) -> None:
+    """Fed in seq order in random chunks (as a worker reads new items each step), the incremental
+    projection equals ``repair_history`` of everything so far after every chunk: for late and
+    duplicate receipts, reconciliations, unknown outcomes, orphans and interrupted responses."""
+    ordered = sorted(items, key=lambda it: it.seq)
+    history = IncrementalHistory("sys")
+    fed = 0
+    while fed < len(ordered):
+        n = data.draw(st.integers(1, max(1, len(ordered) - fed)))
+        chunk, fed = ordered[fed:fed + n], fed + n
+        expected = _full_or_error(ordered[:fed])
+        if expected is AmbiguousCallIds:
+            with pytest.raises(AmbiguousCallIds):
+                history.update(chunk)
+            return
+        assert history.update(chunk) == expected
+        assert isinstance(expected, list) and history.tokens == estimate_tokens(expected)
+
+
+@settings(max_examples=150, deadline=None)
+@given(transcripts(), st.data())
+def test_property_a_compaction_replaces_what_it_covers_incrementally_too(
+    items: list[TranscriptItem], data: st.DataObject
+) -> None:
+    """A compaction item covering a closed prefix: requests carry the summary plus the later items,
+    both from a full rebuild and incrementally; the stored items are never changed."""
+    ordered = sorted(items, key=lambda it: it.seq)
+    cut = data.draw(st.integers(0, len(ordered)))
+    top = ordered[-1].seq + 1 if ordered else 0
+    summary = TranscriptItem(item_id="cmp", seq=top, kind=ItemKind.COMPACTION, role="system", content="summary",
+                             meta={"up_to_seq": ordered[cut - 1].seq if cut else -1})
+    after = [it.model_copy(update={"seq": top + 1 + k, "item_id": f"a{k}"}) for k, it in enumerate(ordered[cut:])]
+    everything = [*ordered, summary, *after]
+    expected = _full_or_error(everything)
+    history = IncrementalHistory("sys")
+    try:
+        history.update(ordered)
+    except AmbiguousCallIds:
+        return  # the uncompacted prefix alone is ambiguous: nothing to compare
+    if expected is AmbiguousCallIds:
+        with pytest.raises(AmbiguousCallIds):
+            history.update([summary, *after])
+        return
+    assert history.update([summary, *after]) == expected
+    assert isinstance(expected, list) and history.tokens == estimate_tokens(expected)
+    assert isinstance(expected, list) and expected[1].content.startswith("[summary of the earlier conversation")
+
+
+def test_a_tool_loop_step_rebuilds_nothing() -> None:
+    """The common step (a new response, then its result) re-projects only the open tail: no rebuild
+    however long the session is."""
+    history = IncrementalHistory("sys")
+    seq = 0
+    history.update([TranscriptItem(item_id="u", seq=seq, kind=ItemKind.USER, role="user", content="go")])
+    for step in range(200):
+        seq += 1
+        call = TranscriptItem(item_id=f"c{step}", seq=seq, kind=ItemKind.TOOL_CALL, role="assistant",
+                              response_id=f"r{step}", call_id=f"call{step}", tool="read_file", arguments={})
+        seq += 1
+        result = TranscriptItem(item_id=f"t{step}", seq=seq, kind=ItemKind.TOOL_RESULT, role="tool",
+                                call_id=f"call{step}", state="committed", content=f"out {step}")
+        history.update([call])
+        msgs = history.update([result])
+    assert history.rebuilds == 0
+    assert len(msgs) == 1 + 1 + 2 * 200 and msgs[-1].content == "out 199"

@@ -8,115 +8,25 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from jupyter_server.serverapp import ServerApp
-from jupyter_server.utils import url_path_join
 
 from jupyter_goals.store.db import Database
 from jupyter_goals.store.schema import migrate
+from tests import restkit
+from tests.restkit import Api, Json, assert_error, start_goals, stop_goals
 
-
-@pytest.fixture
-async def jp_asyncio_loop() -> AsyncIterator[asyncio.AbstractEventLoop]:
-    """Run pytest-jupyter's server on pytest-asyncio's loop (asyncio_mode=auto runs these tests there).
-
-    Overridden here, not in conftest.py: pytest-jupyter's fixture is autouse, and the synchronous
-    browser and process-level tests must keep its plain loop."""
-    yield asyncio.get_running_loop()
-
-Json = dict[str, Any]
-
-
-@pytest.fixture
-def goals_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    state = tmp_path / "goals_state"
-    monkeypatch.setenv("JUPYTER_GOALS_STATE_DIR", str(state))
-    monkeypatch.setenv("JUPYTER_GOALS_HOST_NAME", "rest-test-host")
-    monkeypatch.setenv("JUPYTER_GOALS_BOOT_ID", "rest-test-boot")
-    # the extension exports these for kernels; monkeypatch restores them after the test
-    monkeypatch.delenv("JUPYTER_GOALS_SERVER_URL", raising=False)
-    monkeypatch.delenv("JUPYTER_GOALS_TOKEN", raising=False)
-    return state
-
-
-@pytest.fixture
-def jp_server_config(goals_state_dir: Path) -> Json:
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_goals": True}, "reraise_server_extension_failures": True},
-        "GoalsApp": {"workers": 0},
-    }
-
-
-async def start_goals(serverapp: ServerApp) -> None:
-    """pytest-jupyter does not run extension start hooks (the real server does after its loop starts)."""
-    await serverapp.extension_manager.start_all_extensions()
-
-
-async def stop_goals(serverapp: ServerApp) -> None:
-    await serverapp.extension_manager.stop_all_extensions()
-
-
-class Api:
-    def __init__(self, fetch: Any) -> None:
-        self.fetch = fetch
-
-    async def call(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        raw: str | None = None,
-        params: dict[str, Any] | None = None,
-    ) -> tuple[int, Any]:
-        kwargs: dict[str, Any] = {}
-        if method != "GET":
-            kwargs["body"] = raw if raw is not None else json.dumps({} if body is None else body)
-        r = await self.fetch("api", "goals", *path.split("/"), method=method, params=params, raise_error=False,
-                             **kwargs)
-        return r.code, json.loads(r.body) if r.body else None
-
-    async def ok(self, method: str, path: str, body: Any = None, *, expect: int = 200, **kw: Any) -> Any:
-        code, answer = await self.call(method, path, body, **kw)
-        assert code == expect, (method, path, code, answer)
-        return answer
-
-    async def new_session(self, **body: Any) -> str:
-        answer = await self.ok("POST", "sessions", body, expect=201)
-        return str(answer["session_id"])
-
-    async def send(self, session_id: str, text: str, client_request_id: str) -> Json:
-        body = {"text": text, "client_request_id": client_request_id}
-        return dict(await self.ok("POST", f"sessions/{session_id}/messages", body, expect=202))
-
-    async def events(self, after: int = 0, limit: int = 500) -> Json:
-        return dict(await self.ok("GET", "events", params={"after": after, "format": "json", "limit": limit}))
-
-
-@pytest.fixture
-async def api(jp_serverapp: ServerApp, jp_fetch: Any) -> Api:
-    await start_goals(jp_serverapp)
-    return Api(jp_fetch)
-
-
-@pytest.fixture
-def raw_url(jp_http_port: int, jp_base_url: str) -> Any:
-    def url(path: str) -> str:
-        return f"http://127.0.0.1:{jp_http_port}{url_path_join(jp_base_url, 'api/goals', path)}"
-
-    return url
-
-
-def assert_error(answer: Any, code: str | None = None) -> None:
-    assert isinstance(answer, dict) and set(answer) == {"error", "message"}, answer
-    assert answer["message"]
-    if code is not None:
-        assert answer["error"] == code, answer
+# the REST fixtures (tests/restkit.py): their event loop, isolated state dir, server config, the started
+# server's client and raw URLs
+jp_asyncio_loop = restkit.jp_asyncio_loop
+goals_state_dir = restkit.goals_state_dir
+jp_server_config = restkit.jp_server_config
+api = restkit.api
+raw_url = restkit.raw_url
 
 
 def sha256(path: Path) -> str:
@@ -143,7 +53,7 @@ async def test_created_session_is_listed_and_has_a_snapshot(api: Api, goals_stat
     sid = created["session_id"]
     assert created["session"]["session_id"] == sid
     assert created["session"]["title"] == "Analysis"
-    assert created["session"]["permissions"] == {"mode": "bypass", "allow": []}
+    assert created["session"]["permissions"] == {"mode": "bypass", "allow": [], "env_allow": []}
 
     listed = await api.ok("GET", "sessions")
     assert [s["session_id"] for s in listed["sessions"]] == [sid]
@@ -385,13 +295,39 @@ async def test_event_stream_stops_reading_the_database_once_the_client_is_gone(
 
     service.events = counted
     await read_sse(raw_url("events"), jp_auth_header, 1)
-    await asyncio.sleep(0.5)  # let the server notice the closed connection
+    # the stream's loop has ended (health counts open streams): it reads nothing more
+    for _ in range(500):  # up to 10 s
+        if not (await api.ok("GET", "health"))["event_streams"]:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError("the event stream still runs after its client left")
     settled = len(reads)
-    await asyncio.sleep(1.0)
-    assert len(reads) == settled
+    await api.new_session()  # a new event it would have read
+    assert (await api.events())["events"]  # one JSON read, through the same counted function
+    assert len(reads) == settled + 1
 
 
 # --------------------------------------------------------------------------- auth
+
+
+def _every_operation() -> list[tuple[str, str]]:
+    from jupyter_goals.server.openapi import document
+
+    return [(method.upper(), path.replace("{", "").replace("}", "_x").lstrip("/"))
+            for path, methods in document()["paths"].items() for method in methods]
+
+
+@pytest.mark.parametrize(("method", "path"), _every_operation())
+async def test_every_route_refuses_a_request_without_a_valid_token(
+    api: Api, raw_url: Any, method: str, path: str
+) -> None:
+    """Every operation of the OpenAPI document (so every route added later too): no token or a wrong
+    one is 401/403 before anything runs, never data."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        for headers in ({}, {"Authorization": "token not-the-token"}):
+            r = await client.request(method, raw_url(path), content=None if method == "GET" else "{}", headers=headers)
+            assert r.status_code in (401, 403), (method, path, r.status_code, r.text[:200])
 
 
 @pytest.mark.parametrize(

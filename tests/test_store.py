@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_goals.models import ItemKind
+from jupyter_goals.models import EffectState, ItemKind
 from jupyter_goals.store import control as c
 from jupyter_goals.store import schema
 from jupyter_goals.store import usage as u
@@ -211,7 +211,86 @@ def test_sqlite_connections_use_wal_full_sync_and_a_busy_timeout(tmp_path: Path,
     assert int(pragmas["busy_timeout"]) == 4321
 
 
+def test_a_writer_polls_for_the_write_lock_until_the_busy_timeout_and_gets_it_once_freed(tmp_path: Path) -> None:
+    """Our own wait for the write lock (``Database._begin_immediate``, short polls instead of SQLite's
+    backoff; the latency it buys is measured by bench/long_session.py, not here) keeps SQLite's
+    contract: it fails with "database is locked" only after the busy timeout, commits once the lock is
+    freed, and statements inside the transaction run under the configured busy timeout again."""
+    path = tmp_path / "control.db"
+    db = Database(f"sqlite:///{path}", inline=True, busy_timeout_ms=300)
+    db.transact(lambda tx: tx.execute("CREATE TABLE t (v INTEGER)"))
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        started = time.monotonic()
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            db.transact(lambda tx: tx.execute("INSERT INTO t VALUES (1)"))
+        assert time.monotonic() - started >= 0.3
+        db.busy_timeout_ms = 20000
+        release = threading.Timer(0.2, lambda: holder.execute("COMMIT"))
+        released_after = time.monotonic() + 0.2  # the timer cannot fire before this (taken before it starts)
+        release.start()
+        inside = db.transact(lambda tx: (tx.execute("INSERT INTO t VALUES (2)"), tx.scalar("PRAGMA busy_timeout"))[1])
+        release.join()
+        assert time.monotonic() >= released_after and int(inside) == 20000
+        assert [r["v"] for r in db.transact(lambda tx: tx.all("SELECT v FROM t"), write=False)] == [2]
+    finally:
+        holder.close()
+        db.close()
+
+
 # --------------------------------------------------------------------------- events
+
+
+def test_new_ids_are_time_ordered_and_unique() -> None:
+    """Issue 14: ids made later sort later (rows append to their primary-key B-trees instead of dirtying
+    a random page of a large table per insert), and a burst within one millisecond stays unique."""
+    first = c.new_id("eff")
+    time.sleep(0.002)  # the next millisecond: ordering is by time, then by random bits
+    burst = [c.new_id("eff") for _ in range(20000)]
+    assert all(first < later for later in burst)
+    assert len(set(burst)) == len(burst)
+    assert all(len(i) == len(first) and i.startswith("eff_") for i in burst)
+
+
+def test_a_step_reads_only_the_open_calls_of_its_turn_through_a_partial_index(backend: Backend) -> None:
+    """Issue 14: the next step of a turn with many settled calls reads its planned and dispatched calls
+    only, in order, and (SQLite) through the partial index ``effects_open``, not the whole turn."""
+    db = backend.open("control", migrated="control")
+
+    def plan(tx: Tx) -> None:
+        _, work = new_chat(tx)
+        for n in range(300):
+            c.plan_call(tx, work, "turn-1", f"call-{n}", "read_file", {"path": f"{n}.txt"}, capability="read_only",
+                        impl_identity="x", impl_digest="d", seq=n)
+        for eff in tx.all("SELECT * FROM effects WHERE seq < 297"):
+            c.set_effect_state(tx, eff, EffectState.COMMITTED, "ok")
+        c.set_effect_state(tx, tx.one("SELECT * FROM effects WHERE seq = 297") or {}, EffectState.DISPATCHED)
+        c.plan_call(tx, work, "turn-2", "other", "read_file", {}, capability="read_only", impl_identity="x",
+                    impl_digest="d", seq=400)
+
+    db.transact(plan)
+    got = db.transact(lambda tx: c.open_effects_of_turn(tx, "turn-1"), write=False)
+    assert [(e["call_id"], e["state"]) for e in got] == [("call-297", "dispatched"), ("call-298", "planned"),
+                                                        ("call-299", "planned")]
+    assert got[1]["arguments"] == {"path": "298.txt"}
+    if backend.kind == "sqlite":
+        plan_rows = db.transact(lambda tx: tx.all("EXPLAIN QUERY PLAN " + c.OPEN_EFFECTS_SQL, ("turn-1",)), write=False)
+        assert any("effects_open" in str(r.get("detail")) for r in plan_rows), plan_rows
+        # the admission pass's unknown-outcome set reads the partial index of unknown outcomes, not every call
+        plan_rows = db.transact(lambda tx: tx.all("EXPLAIN QUERY PLAN " + c.UNKNOWN_EFFECTS_SQL, ("w", "w", "w")),
+                                write=False)
+        details = [str(r.get("detail")) for r in plan_rows]
+        assert any(d.endswith("effects USING INDEX effects_unknown") for d in details), details
+        assert not any(d in ("SCAN effects", "SCAN jobs") for d in details), details
+        # whether a turn's last answer asked for tools, and the stop sweep over running commands
+        assert db.transact(lambda tx: (c.response_has_calls(tx, "r1"), c.tools_to_cancel(tx)), write=False) == (False, [])
+        conn = sqlite3.connect(db.path or "")
+        plans = {q: [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + q, ("r1",) if "?" in q else ())]
+                 for q in (c.RESPONSE_CALLS_SQL, c.TOOLS_TO_CANCEL_SQL)}
+        assert any("transcript_response" in d for d in plans[c.RESPONSE_CALLS_SQL]), plans
+        assert any("effects_open" in d for d in plans[c.TOOLS_TO_CANCEL_SQL]), plans
+        conn.close()
 
 
 def test_event_seq_is_strictly_increasing_and_committed_with_its_change(backend: Backend) -> None:
@@ -464,7 +543,7 @@ def test_a_closed_database_refuses_work_instead_of_reopening(tmp_path: Path) -> 
     db.close()
     with pytest.raises(StorageUnavailable, match="closed"):
         db.transact(c.last_event_seq, write=False)
-    assert db._conn is None  # nothing was reopened
+    assert db._writer.conn is None and db._reader.conn is None  # nothing was reopened
 
 
 def test_backups_of_the_same_second_get_distinct_names(tmp_path: Path) -> None:

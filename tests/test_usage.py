@@ -4,7 +4,6 @@ active time from durable attempt records. Real SQLite files and the real Postgre
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from jupyter_goals.store import control as c
 from jupyter_goals.store import usage as u
 from jupyter_goals.store.db import Database, Tx
 from jupyter_goals.store.outbox import OutboxDispatcher
-from tests.storekit import Backend, new_chat
+from tests.storekit import Backend, new_chat, request
 
 PRICES_V1 = {"version": "2026-11", "models": {"openai:m": {"input_usd_per_mtok": 1000.0, "output_usd_per_mtok": 2000.0}}}
 PRICES_V2 = {"version": "2026-12", "models": {"openai:m": {"input_usd_per_mtok": 10.0, "output_usd_per_mtok": 20.0}}}
@@ -23,12 +22,6 @@ PRICES_V2 = {"version": "2026-12", "models": {"openai:m": {"input_usd_per_mtok":
 
 def table(raw: dict[str, Any]) -> PriceTable:
     return PriceTable.parse(json.dumps(raw).encode())
-
-
-def request(rid: str, model: str = "openai:m", **extra: Any) -> dict[str, Any]:
-    return {"request_id": rid, "session_id": "ses_1", "work_id": "wrk_1", "turn_id": "trn_1", "goal_id": "gol_1",
-            "goal_revision": 3, "purpose": "work", "provider": model.partition(":")[0], "model": model,
-            "created_at": time.time(), **extra}
 
 
 def usage(i: int, o: int) -> dict[str, int]:

@@ -82,7 +82,7 @@ def create(tx: Tx, session: Row, objective: str, requirements: list[Requirement]
     goal = g.insert_goal(tx, session_id=session["session_id"], work_id=work["work_id"], objective=objective,
                          requirements=reqs, requirements_state="given" if reqs else "pending",
                          budget=budget, created_by=actor)
-    tx.execute("UPDATE work_items SET objective_revision = 1 WHERE work_id = ?", (work["work_id"],))
+    c.set_objective_revision(tx, work["work_id"], 1)
     return goal
 
 
@@ -248,8 +248,6 @@ def _prompt(tx: Tx, goal: Row, text: str) -> None:
 def _bump_control(tx: Tx, work: Row, action: str, revision: int) -> None:
     """Older admissions, wakeups and continuations were decided under the old version: refuse them."""
     version = int(work["control_version"]) + 1
-    tx.execute("UPDATE work_items SET control_version = ?, objective_revision = ?, updated_at = ? WHERE work_id = ?",
-               (version, revision, time.time(), work["work_id"]))
-    work["control_version"] = version
+    c.set_control_version(tx, work, version, revision)
     c.emit(tx, "work.control", {"action": action, "desired_state": work["desired_state"], "control_version": version},
            session_id=work["session_id"], work_id=work["work_id"])

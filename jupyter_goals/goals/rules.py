@@ -1,6 +1,6 @@
 """Pure Goal rules (spec "Todo manages the plan; acceptance manages the objective"): facts in, decision out.
 
-No I/O here. The shell around these functions (``store/goals.py``, ``goals/steps.py``) loads the
+No I/O here. The shell around these functions (``store/goals.py``, ``goals/hooks.py``, ``goals/acceptance.py``) loads the
 facts, calls them and commits the decision in one transaction.
 
 - ``after_turn``: the turn-completion check (continue / verify / block / stop). No round cap: only
@@ -12,6 +12,7 @@ facts, calls them and commits the decision in one transaction.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -20,6 +21,8 @@ from typing import Any
 from jupyter_goals.models import (
     TERMINAL_GOAL_STATES,
     Actions,
+    Capability,
+    EffectState,
     GoalPhase,
     GoalState,
     ReasonCode,
@@ -168,6 +171,55 @@ class EvidenceFacts:
     runs: tuple[CommandRun, ...] = ()  # oldest first
     last_write: dict[str, float] = field(default_factory=dict)  # path -> newest write (effect or mtime)
     unknown_since: float = 0.0  # newest dispatch time of an effect whose outcome is unknown
+    last_any_write: float = 0.0  # newest end of any call that may have written (see ``evidence_facts``)
+
+
+WRITING = frozenset({Capability.IDEMPOTENT, Capability.UNKNOWN})  # a call that may change files
+_RAN = frozenset({EffectState.COMMITTED, EffectState.RECONCILED})
+
+
+def evidence_facts(work_id: str, effects: Iterable[dict[str, Any]], requirements: Sequence[dict[str, Any]],
+                   files: dict[str, FileFact], mtimes: dict[str, float]) -> EvidenceFacts:
+    """The facts a check reads, from the calls of a Goal's work item and its subtasks (oldest first)
+    and the current requirement files.
+
+    - ``runs``: the work item's own committed ``shell`` calls (receipts: command, exit status, start);
+    - ``last_write``: per requirement path, its newest ``write_file``/``edit_file`` or its mtime;
+    - ``unknown_since``: the newest dispatch of a call whose outcome is unknown;
+    - ``last_any_write``: the newest end of a call that ran (committed, reconciled or cancelled) with a
+      capability that may write (idempotent or unknown: a write tool, a shell command, an MCP or custom
+      tool); runs of the requirements' own commands are checks, not writes.
+    """
+    checks = {str(r["command"]).strip() for r in requirements if r.get("kind") == "command" and r.get("command")}
+    runs: list[CommandRun] = []
+    writes: dict[str, float] = {}
+    unknown_since = last_any = 0.0
+    for e in effects:
+        args = e["arguments"] if isinstance(e["arguments"], dict) else json.loads(e["arguments"] or "{}")
+        state = e["state"]
+        if state == EffectState.UNKNOWN:
+            unknown_since = max(unknown_since, float(e["dispatched_at"] or 0))
+            continue
+        if state in _RAN and e["tool"] == "shell" and e["work_id"] == work_id:
+            runs.append(CommandRun(e["call_id"], str(args.get("command", "")), _exit_status(e["result"]),
+                                   float(e["dispatched_at"] or 0)))
+        if state in _RAN and e["tool"] in ("write_file", "edit_file") and args.get("path"):
+            path = str(args["path"])
+            writes[path] = max(writes.get(path, 0.0), float(e["ended_at"] or 0))
+        a_check = e["tool"] == "shell" and str(args.get("command", "")).strip() in checks
+        if (state in _RAN or state == EffectState.CANCELLED) and e["capability"] in WRITING and not a_check:
+            last_any = max(last_any, float(e["ended_at"] or e["dispatched_at"] or 0))
+    paths = sorted({str(r["path"]) for r in requirements if r.get("path")})
+    last_write = {p: max(writes.get(p, 0.0), mtimes.get(p, 0.0)) for p in paths}
+    return EvidenceFacts(files=dict(files), runs=tuple(runs), last_write=last_write, unknown_since=unknown_since,
+                         last_any_write=last_any)
+
+
+def _exit_status(text: str | None) -> int | None:
+    if not text or not text.startswith("exit status: "):
+        return None
+    head = text.split("\n", 1)[0].removeprefix("exit status: ").strip()
+    return int(head) if head.lstrip("-").isdigit() else None
 
 
 def check_requirement(req: dict[str, Any], facts: EvidenceFacts) -> dict[str, Any] | None:
@@ -189,7 +241,9 @@ def check_requirement(req: dict[str, Any], facts: EvidenceFacts) -> dict[str, An
             return _verdict(rid, Verdict.UNKNOWN, [{"kind": "missing", "detail": f"no run of {req['command']!r} recorded"}])
         run = runs[-1]
         evidence = [{"kind": "receipt", "call_id": run.call_id, "exit_status": run.exit_status, "at": run.started_at}]
-        changed = max(facts.last_write.get(req["path"], 0.0) if req.get("path") else 0.0, facts.unknown_since)
+        # what the run checked: its path when given, otherwise anything the agent may have written since
+        written = facts.last_write.get(req["path"], 0.0) if req.get("path") else facts.last_any_write
+        changed = max(written, facts.unknown_since)
         if changed > run.started_at:  # inputs changed (or may have) after the run: it proves nothing now
             return _verdict(rid, Verdict.UNKNOWN, [*evidence, {"kind": "stale", "changed_at": changed}])
         return _verdict(rid, Verdict.MET if run.exit_status == 0 else Verdict.UNMET, evidence)

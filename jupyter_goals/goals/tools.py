@@ -10,7 +10,6 @@ never marks a Goal achieved. ``todo_write`` replaces the plan; requirements are 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from jupyter_goals.goals import lifecycle, rules
 from jupyter_goals.models import TERMINAL_GOAL_STATES, EffectState, GoalPhase, GoalState, ItemKind, ReasonCode
 from jupyter_goals.store import control as c
 from jupyter_goals.store import goals as g
-from jupyter_goals.store.db import FencedError, Row, Tx
+from jupyter_goals.store.db import Row, Tx
 
 
 @dataclass
@@ -116,22 +115,12 @@ def commit_state_tool(tx: Tx, impl: StateImpl, work: Row, eff: Row, attempt_id: 
 
     The caller fences first. A rule violation is the tool's result (its partial writes roll back to a
     savepoint), never an unknown outcome."""
-    n = tx.execute("UPDATE effects SET state = 'dispatched', dispatched_at = ?, attempt_id = ? WHERE effect_id = ?"
-                   " AND state = 'planned'", (time.time(), attempt_id, eff["effect_id"]))
-    if n != 1:
-        raise FencedError(f"effect {eff['call_id']} is no longer planned")
-    if approval is not None and tx.execute(
-        "UPDATE approvals SET state = 'consumed', consumed_by_attempt = ? WHERE approval_id = ? AND state = 'approved'",
-        (attempt_id, approval["approval_id"]),
-    ) != 1:
-        raise FencedError(f"approval {approval['approval_id']} was already consumed")
-    tx.execute("SAVEPOINT state_tool")
+    c.mark_dispatched(tx, eff, attempt_id, approval)
     try:
-        content = impl(StateCall(tx, work, host), eff["arguments"])
+        with tx.savepoint("state_tool"):
+            content = impl(StateCall(tx, work, host), eff["arguments"])
     except (rules.InvalidGoalChange, c.VersionConflict, c.NotFound, ValueError) as exc:
-        tx.execute("ROLLBACK TO SAVEPOINT state_tool")
         content = f"error: {exc}"
-    tx.execute("RELEASE SAVEPOINT state_tool")
     c.set_effect_state(tx, eff, EffectState.COMMITTED, content)
     c.append_item(tx, eff["session_id"], ItemKind.TOOL_RESULT, "tool", content, item_id=f"result:{eff['call_id']}",
                   work_id=eff["work_id"], turn_id=eff["turn_id"], call_id=eff["call_id"], tool=eff["tool"],

@@ -16,6 +16,7 @@ from typing import Any
 GOAL_MIME = "application/vnd.jupyter-goals.goal+json"
 APPROVAL_MIME = "application/vnd.jupyter-goals.approval+json"
 HISTORY_MIME = "application/vnd.jupyter-goals.history+json"
+CHAT_MIME = "application/vnd.jupyter-goals.chat+json"
 
 _STYLE = ("border:1px solid #ccc;border-radius:4px;padding:6px 10px;margin:2px 0;"
           "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px")
@@ -49,6 +50,23 @@ def history_bundle(record: dict[str, Any]) -> dict[str, Any]:
                       f'<div style="color:#666">ended {escape(_when(record.get("created_at")))}'
                       f' &middot; record {escape(record["record_id"])}</div></div>'),
         "text/plain": f"Goal {record['state']}: {snap.get('objective', '')} (record {record['record_id']})",
+    }
+
+
+def chat_bundle(session_id: str, work_id: str, message_id: str, question: str,
+                answer: list[dict[str, Any]] | None = None, phase: str | None = None) -> dict[str, Any]:
+    """The output of ``%chat``: one message and its answer (the transcript items of its work item)."""
+    shown = [i for i in answer or [] if i.get("kind") in ("assistant", "tool_call", "tool_result")]
+    rows = "".join(
+        f'<div><code>{escape(str(i.get("tool") or i["kind"]))}</code> {escape(str(i.get("content") or "")[:2000])}</div>'
+        if i["kind"] != "assistant" else f'<div>{escape(str(i.get("content") or ""))}</div>' for i in shown)
+    status = f'<div style="color:#666">{escape(phase)}</div>' if phase else ""
+    texts = [str(i.get("content") or "") for i in shown if i["kind"] == "assistant"]
+    return {
+        CHAT_MIME: {"session_id": session_id, "work_id": work_id, "message_id": message_id},
+        "text/html": _snapshot_note(f'<div style="{_STYLE}"><div><b>You</b> {escape(question)}</div>'
+                                    f'{rows or "<div>(waiting for the answer)</div>"}{status}</div>'),
+        "text/plain": f"You: {question}\n" + ("\n".join(texts) if texts else "(waiting for the answer)"),
     }
 
 

@@ -1,7 +1,11 @@
 """GoalsClient: the Python Workflow API over REST. Knows nothing of the server's code.
 
-The server URL and token come from arguments, else from ``JUPYTER_GOALS_SERVER_URL`` /
-``JUPYTER_GOALS_TOKEN`` (set by the extension for kernels it starts).
+Finding the server (``find_server``), first match wins: the ``url``/``token`` arguments; the
+``JUPYTER_GOALS_SERVER_URL`` / ``JUPYTER_GOALS_TOKEN`` variables (the extension sets them for kernels
+its server starts); jupyter_server's runtime files (``jpserver-*.json``) of a running server, matched
+to this kernel (its parent process ``JPY_PARENT_PID``, else the server whose root holds the notebook
+``JPY_SESSION_NAME`` or the working directory, else the only one running); otherwise
+``ServerNotFound`` naming everything tried. There is no default URL.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -33,15 +38,153 @@ def _check(r: httpx.Response) -> Any:
     return r.json()
 
 
+class ServerNotFound(RuntimeError):
+    """No jupyter_goals server could be found; the message names every place looked at."""
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    url: str  # the Jupyter server's base URL, ending in "/"
+    token: str
+    found_by: str  # which rule of ``find_server`` chose it
+
+
+def _running_servers() -> list[dict[str, Any]]:
+    from jupyter_server.serverapp import list_running_servers  # heavy import: only when needed
+
+    return [dict(info) for info in list_running_servers()]
+
+
+def _inside(path: str, root: str) -> bool:
+    try:
+        return os.path.commonpath([os.path.abspath(root), os.path.abspath(path)]) == os.path.abspath(root)
+    except ValueError:
+        return False
+
+
+def find_server(url: str | None = None, token: str | None = None) -> ServerAddress:
+    """The server this process should talk to (the module docstring gives the order)."""
+    env_token = os.environ.get("JUPYTER_GOALS_TOKEN", "")
+    if url:
+        return ServerAddress(_slash(url), token if token is not None else env_token, "argument")
+    env_url = os.environ.get("JUPYTER_GOALS_SERVER_URL")
+    if env_url:
+        return ServerAddress(_slash(env_url), token if token is not None else env_token, "JUPYTER_GOALS_SERVER_URL")
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    runtime_dir = jupyter_runtime_dir()
+    try:
+        servers = _running_servers()
+    except Exception as exc:  # jupyter_server missing or unreadable runtime files: say so below
+        servers, problem = [], f" (could not read them: {exc})"
+    else:
+        problem = ""
+    parent = os.environ.get("JPY_PARENT_PID", "")
+    notebook = os.environ.get("JPY_SESSION_NAME", "")
+    rules: list[tuple[str, Callable[[dict[str, Any]], bool]]] = [
+        ("JPY_PARENT_PID", lambda s: bool(parent) and str(s.get("pid")) == parent),
+        ("the notebook's folder", lambda s: os.path.isabs(notebook) and _inside(notebook, str(s.get("root_dir", "")))),
+        ("the working directory", lambda s: _inside(os.getcwd(), str(s.get("root_dir", "")))),
+    ]
+    for rule, matches in rules:
+        hits = sorted((s for s in servers if matches(s)), key=lambda s: -len(str(s.get("root_dir", ""))))
+        if hits:
+            return _address(hits[0], f"runtime file ({rule})")
+    if len(servers) == 1:
+        return _address(servers[0], "runtime file (the only running server)")
+    found = f"{len(servers)} running servers, none matching this kernel" if servers else "no running server"
+    raise ServerNotFound(
+        "cannot find the jupyter_goals server. Tried: the url/token arguments (none given); the "
+        "JUPYTER_GOALS_SERVER_URL / JUPYTER_GOALS_TOKEN environment variables (not set); jupyter_server's "
+        f"runtime files in {runtime_dir} ({found}{problem}; matched by JPY_PARENT_PID={parent or 'unset'}, "
+        f"JPY_SESSION_NAME={notebook or 'unset'}, working directory {os.getcwd()}). Point it at a server with "
+        "GoalsClient(url, token), or set JUPYTER_GOALS_SERVER_URL and JUPYTER_GOALS_TOKEN (the server's URL and "
+        "token, as printed by `jupyter server list`).")
+
+
+def _address(info: dict[str, Any], found_by: str) -> ServerAddress:
+    return ServerAddress(_slash(str(info["url"])), str(info.get("token") or ""), found_by)
+
+
+def _slash(url: str) -> str:
+    return url.rstrip("/") + "/"
+
+
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT"})  # repeating one changes nothing more
+
+
+class StartingRetry(httpx.HTTPTransport):
+    """Retries, for up to ``retry_s``, a request that no server processed: the connection was refused
+    (the server is restarting) or the answer was 503 ``starting`` (schema check, recovery). Safe for
+    every method, since nothing was done. A connection lost mid-request (the server died) is retried
+    only for idempotent methods; any other answer or error is returned at once."""
+
+    def __init__(self, retry_s: float) -> None:
+        super().__init__()
+        self.retry_s = retry_s
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        deadline = time.monotonic() + self.retry_s
+        delay = 0.1
+        while True:
+            try:
+                response = super().handle_request(request)
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+                lost = not isinstance(exc, httpx.ConnectError)
+                if (lost and request.method not in IDEMPOTENT) or time.monotonic() + delay > deadline:
+                    raise
+            else:
+                if response.status_code != 503 or time.monotonic() + delay > deadline:
+                    return response
+                response.read()
+                try:
+                    starting = response.json().get("error") == "starting"
+                except ValueError:
+                    starting = False
+                if not starting:
+                    return response
+                response.close()
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
 class GoalsClient:
-    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0) -> None:
-        url = url or os.environ.get("JUPYTER_GOALS_SERVER_URL") or "http://127.0.0.1:8888/"
-        token = token if token is not None else os.environ.get("JUPYTER_GOALS_TOKEN", "")
-        headers = {"Authorization": f"token {token}"} if token else {}
-        self.http = httpx.Client(base_url=url.rstrip("/") + "/api/goals", headers=headers, timeout=timeout)
+    """``retry_s``: how long a request waits for a server that is restarting or still starting."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0,
+                 retry_s: float = 10.0) -> None:
+        self.address = find_server(url, token)
+        self.base_url = self.address.url
+        headers = {"Authorization": f"token {self.address.token}"} if self.address.token else {}
+        self.http = httpx.Client(base_url=self.base_url + "api/goals", headers=headers, timeout=timeout,
+                                 transport=StartingRetry(retry_s))
 
     def close(self) -> None:
         self.http.close()
+
+    def notebook_session(self, path: str, session_id: str | None = None, **create: Any) -> dict[str, Any]:
+        """The durable session of the notebook at ``path`` (an API path, or the absolute path a kernel
+        gets in ``JPY_SESSION_NAME``), created on first use with ``create`` (``title``, ``model``,
+        ``permissions``); ``session_id`` rebinds the notebook to that session.
+        → ``{session_id, path, created_at, updated_at}``."""
+        body: dict[str, Any] = {"path": path, **create}
+        if session_id is not None:
+            body["session_id"] = session_id
+        return dict(_check(self.http.put("/notebook-session", json=body)))
+
+    def kernel_notebook_path(self) -> str | None:
+        """The notebook this kernel runs for: its current path in the server's own sessions (which
+        follow renames), else ``JPY_SESSION_NAME``; None outside a notebook kernel."""
+        kernel_id = _kernel_id()
+        if kernel_id:
+            try:
+                r = self.http.get(self.base_url + "api/sessions")
+                for session in r.json() if r.status_code == 200 else []:
+                    if (session.get("kernel") or {}).get("id") == kernel_id and session.get("path"):
+                        return str(session["path"])
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+        return os.environ.get("JPY_SESSION_NAME") or None
 
     def health(self) -> dict[str, Any]:
         return dict(_check(self.http.get("/health")))
@@ -49,11 +192,20 @@ class GoalsClient:
     def create_session(self, **body: Any) -> dict[str, Any]:
         return dict(_check(self.http.post("/sessions", json=body)))
 
-    def sessions(self) -> list[dict[str, Any]]:
-        return list(_check(self.http.get("/sessions"))["sessions"])
+    def sessions(self, state: str | None = None, q: str | None = None) -> list[dict[str, Any]]:
+        """Every session, newest activity first (all ``GET /sessions`` pages; ``state`` / ``q`` filter)."""
+        out: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"limit": 500, **({"state": state} if state else {}), **({"q": q} if q else {})}
+        while True:
+            page = _check(self.http.get("/sessions", params=params))
+            out += page["sessions"]
+            if not page.get("next_cursor"):
+                return out
+            params["cursor"] = page["next_cursor"]
 
-    def session(self, session_id: str) -> dict[str, Any]:
-        return dict(_check(self.http.get(f"/sessions/{session_id}")))
+    def session(self, session_id: str, **page: Any) -> dict[str, Any]:
+        """The session snapshot; ``page`` = query arguments such as ``after``/``limit``."""
+        return dict(_check(self.http.get(f"/sessions/{session_id}", params=page)))
 
     def send(self, session_id: str, text: str, client_request_id: str | None = None, delivery: str = "queue") -> dict[str, Any]:
         body = {"text": text, "client_request_id": client_request_id or uuid.uuid4().hex, "delivery": delivery}
@@ -150,38 +302,40 @@ class GoalsClient:
 
     def wait_job(self, job_id: str, phases: tuple[str, ...] = ("done",), timeout: float = 60.0) -> dict[str, Any]:
         """Poll the Job until its work reaches one of ``phases``."""
-        deadline = time.monotonic() + timeout
-        job: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            job = self.job(job_id)
-            if job["work"]["phase"] in phases:
-                return job
-            time.sleep(0.1)
-        raise TimeoutError(f"job {job_id} did not reach {phases}: {job.get('work')}")
+        return _poll(lambda: self.job(job_id), lambda job: job["work"]["phase"] in phases, timeout,
+                     lambda job: f"job {job_id} did not reach {phases}: {job.get('work')}")
 
     def wait_goal(self, goal_id: str, states: tuple[str, ...] = ("achieved",), timeout: float = 60.0) -> dict[str, Any]:
         """Poll the Goal until it reaches one of ``states``."""
-        deadline = time.monotonic() + timeout
-        goal: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            goal = self.goal(goal_id)
-            if goal["state"] in states:
-                return goal
-            time.sleep(0.1)
-        raise TimeoutError(f"goal {goal_id} did not reach {states}: {goal.get('state')} {goal.get('phase')}"
-                           f" {goal.get('reason_code')}")
+        return _poll(lambda: self.goal(goal_id), lambda goal: goal["state"] in states, timeout,
+                     lambda goal: f"goal {goal_id} did not reach {states}: {goal.get('state')} {goal.get('phase')}"
+                                  f" {goal.get('reason_code')}")
 
     def wait(self, session_id: str, phases: tuple[str, ...] = ("done",), timeout: float = 60.0) -> dict[str, Any]:
         """Poll the snapshot until the current work reaches one of ``phases``."""
-        deadline = time.monotonic() + timeout
-        snap: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            snap = self.session(session_id)
-            if snap["work"] and snap["work"]["phase"] in phases:
-                return snap
-            time.sleep(0.1)
-        raise TimeoutError(f"session {session_id} did not reach {phases}: {snap.get('work')}")
+        return _poll(lambda: self.session(session_id), lambda snap: bool(snap["work"]) and snap["work"]["phase"] in phases,
+                     timeout, lambda snap: f"session {session_id} did not reach {phases}: {snap.get('work')}")
 
+
+def _poll(read: Callable[[], dict[str, Any]], done: Callable[[dict[str, Any]], bool], timeout: float,
+          failure: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
+    """Read every 0.1 s until ``done``. A server that is restarting (connection refused, 503) is waited
+    for like any other state, so a wait spans a server crash and restart."""
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            last = read()
+        except httpx.TransportError:
+            pass
+        except GoalsError as exc:
+            if exc.status != 503:
+                raise
+        else:
+            if done(last):
+                return last
+        time.sleep(0.1)
+    raise TimeoutError(failure(last))
 
 
 class AsyncGoalsClient:
@@ -194,8 +348,9 @@ class AsyncGoalsClient:
         await client.send(session["session_id"], "hello")
     """
 
-    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0) -> None:
-        self.sync = GoalsClient(url, token, timeout)
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0,
+                 retry_s: float = 10.0) -> None:
+        self.sync = GoalsClient(url, token, timeout, retry_s)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.sync.close)
@@ -216,3 +371,16 @@ class AsyncGoalsClient:
             return await asyncio.to_thread(method, *args, **kwargs)
 
         return call
+
+
+def _kernel_id() -> str | None:
+    """This kernel's id, from its connection file name (``kernel-<id>.json``); None outside ipykernel."""
+    try:
+        from ipykernel.connect import get_connection_file
+
+        name = os.path.basename(get_connection_file())
+    except Exception:  # not running inside an ipykernel
+        return None
+    if name.startswith("kernel-") and name.endswith(".json"):
+        return name[len("kernel-"):-len(".json")]
+    return None

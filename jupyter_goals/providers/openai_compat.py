@@ -7,14 +7,16 @@ Usage arrives as cumulative snapshots (``stream_options.include_usage``); a serv
 several. Each snapshot is reported through ``on_usage`` as a watermark (never summed) and the
 last one becomes ``ProviderResponse.usage``; no snapshot at all means unknown usage (``None``).
 ``Usage.input_tokens`` is the server's ``prompt_tokens`` (which includes cached tokens);
-``Usage.cached_tokens`` is ``prompt_tokens_details.cached_tokens``.
+``Usage.cached_tokens`` is ``prompt_tokens_details.cached_tokens``; ``reasoning_tokens`` (part of the
+output) is ``completion_tokens_details.reasoning_tokens``. Responses-style fields (``input_tokens``,
+``output_tokens``, ``input_tokens_details``, ``output_tokens_details``) are read where a server sends
+them. A model's ``service_tier`` is sent with the request; the tier the server reports is kept on the
+usage, so the price table can price it.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,7 @@ import httpx
 from httpx_sse import EventSource
 
 from jupyter_goals.models import (
+    ModelSpec,
     ProviderMessage,
     ProviderRequest,
     ProviderResponse,
@@ -29,24 +32,29 @@ from jupyter_goals.models import (
     ToolCallSpec,
     Usage,
 )
-from jupyter_goals.providers.base import ChunkCallback, ProviderError, ProviderUnavailable, UsageCallback
+from jupyter_goals.providers.base import (
+    ChunkCallback,
+    ProviderError,
+    ProviderUnavailable,
+    UsageCallback,
+    endpoint,
+    notify,
+)
+from jupyter_goals.providers.http import content_type, not_event_stream, post_stream
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 120.0
-_ERROR_BODY_LIMIT = 2000
-
-
-async def _call(cb: Any, arg: Any) -> None:
-    if cb is None:
-        return
-    result = cb(arg)
-    if inspect.isawaitable(result):
-        await result
 
 
 def _normalize_base_url(url: str) -> str:
     return url.strip().rstrip("/")
+
+
+def _smallest(*limits: int | None) -> int | None:
+    """The tightest of several output-token limits (a hard budget's, the model's), None if none."""
+    known = [n for n in limits if n is not None]
+    return min(known) if known else None
 
 
 # --------------------------------------------------------------------------- request shape
@@ -78,20 +86,29 @@ def to_openai_messages(messages: list[ProviderMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def parse_usage(raw: Any) -> Usage | None:
-    """OpenAI ``usage`` object → Usage, or None when absent/malformed."""
+def _detail(raw: dict[str, Any], keys: tuple[str, ...], field: str) -> int:
+    for key in keys:
+        details = raw.get(key)
+        if isinstance(details, dict) and isinstance(details.get(field), int):
+            return int(details[field])
+    return 0
+
+
+def parse_usage(raw: Any, service_tier: str | None = None) -> Usage | None:
+    """OpenAI ``usage`` object (Chat Completions or Responses field names) → Usage, or None when
+    absent/malformed."""
     if not isinstance(raw, dict):
         return None
-    prompt = raw.get("prompt_tokens")
-    completion = raw.get("completion_tokens")
+    prompt = raw.get("prompt_tokens", raw.get("input_tokens"))
+    completion = raw.get("completion_tokens", raw.get("output_tokens"))
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
-    details = raw.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return Usage(
         input_tokens=prompt,
         output_tokens=completion,
-        cached_tokens=cached if isinstance(cached, int) else 0,
+        cached_tokens=_detail(raw, ("prompt_tokens_details", "input_tokens_details"), "cached_tokens"),
+        reasoning_tokens=_detail(raw, ("completion_tokens_details", "output_tokens_details"), "reasoning_tokens"),
+        service_tier=service_tier,
     )
 
 
@@ -127,6 +144,7 @@ class _Accumulator:
         self.usage: Usage | None = None
         self.response_id: str | None = None
         self.finish_reason: str | None = None
+        self.service_tier: str | None = None
         self.done = False
 
     @property
@@ -169,6 +187,14 @@ class _Accumulator:
         ]
 
 
+def _error_detail(data: Any) -> str:
+    """The message of an OpenAI error body ``{"error": {"message"}}`` (or ``{"error": "..."}``)."""
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict) and err.get("message"):
+        return str(err["message"])
+    return err if isinstance(err, str) else ""
+
+
 def _error_from_payload(err: Any) -> ProviderError:
     message = err.get("message") if isinstance(err, dict) else None
     code = err.get("code") if isinstance(err, dict) else None
@@ -191,8 +217,12 @@ class OpenAICompatProvider:
         extra_headers: dict[str, str] | None = None,
         timeout: httpx.Timeout | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        service_tier: str | None = None,
+        max_output_tokens: int | None = None,
     ) -> None:
         self.model = model
+        self.service_tier = service_tier
+        self.max_output_tokens = max_output_tokens
         self.base_url = _normalize_base_url(base_url)
         self.api_key = api_key or None
         self.extra_headers = dict(extra_headers or {})
@@ -208,11 +238,14 @@ class OpenAICompatProvider:
         """
         if not model.strip():
             raise ProviderUnavailable(ReasonCode.RESOURCE_MISSING_MODEL, "no model name after 'openai:'")
-        base_url = _normalize_base_url(os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL)
-        api_key = os.environ.get("OPENAI_API_KEY") or None
-        if api_key is None and base_url == DEFAULT_BASE_URL:
-            raise ProviderUnavailable(ReasonCode.RESOURCE_MISSING_CREDENTIALS, "OPENAI_API_KEY is not set")
-        return cls(model, base_url=base_url, api_key=api_key)
+        return cls.for_spec(ModelSpec(provider="openai", model=model))
+
+    @classmethod
+    def for_spec(cls, spec: ModelSpec) -> OpenAICompatProvider:
+        """The adapter for a spec (``OPENAI_BASE_URL`` when the spec has no ``base_url``)."""
+        base_url, api_key = endpoint(spec, DEFAULT_BASE_URL, "OPENAI_BASE_URL")
+        return cls(spec.model, base_url=base_url, api_key=api_key, service_tier=spec.service_tier,
+                   max_output_tokens=spec.max_output_tokens)
 
     # ------------------------------------------------------------------ request building
 
@@ -229,8 +262,11 @@ class OpenAICompatProvider:
         }
         if request.tools:
             body["tools"] = request.tools
-        if request.max_output_tokens is not None:
-            body["max_tokens"] = request.max_output_tokens
+        limit = _smallest(request.max_output_tokens, self.max_output_tokens)
+        if limit is not None:
+            body["max_tokens"] = limit
+        if self.service_tier:
+            body["service_tier"] = self.service_tier
         return body
 
     def build_headers(self, request: ProviderRequest) -> dict[str, str]:
@@ -256,25 +292,16 @@ class OpenAICompatProvider:
     ) -> ProviderResponse:
         acc = _Accumulator()
         try:
-            async with httpx.AsyncClient(timeout=self.timeout, transport=self._transport) as client:
-                async with client.stream(
-                    "POST", self.url, json=self.build_body(request), headers=self.build_headers(request)
-                ) as response:
-                    if response.status_code >= 400:
-                        raise await self._http_error(response)
-                    content_type = response.headers.get("content-type", "").partition(";")[0].strip()
-                    if content_type == "application/json":
-                        # a server that ignored ``stream: true`` and answered in one piece
-                        await self._consume_json(response, acc, on_chunk, on_usage)
-                    elif content_type != "text/event-stream":
-                        # e.g. an HTML page: the base URL does not point at an OpenAI-compatible API
-                        raise ProviderError(
-                            f"{self.url} answered with content type {content_type!r}, not an event stream",
-                            status=response.status_code,
-                            retryable=False,
-                        )
-                    else:
-                        await self._consume_stream(EventSource(response), acc, on_chunk, on_usage)
+            async with post_stream(self.url, self.build_body(request), self.build_headers(request), limits=self.timeout,
+                                   transport=self._transport, detail_of=_error_detail) as response:
+                kind = content_type(response)
+                if kind == "application/json":
+                    # a server that ignored ``stream: true`` and answered in one piece
+                    await self._consume_json(response, acc, on_chunk, on_usage)
+                elif kind != "text/event-stream":
+                    raise not_event_stream(self.url, response)
+                else:
+                    await self._consume_stream(EventSource(response), acc, on_chunk, on_usage)
         except ProviderError:
             raise
         except (httpx.TransportError, httpx.StreamError) as exc:
@@ -288,26 +315,8 @@ class OpenAICompatProvider:
             tool_calls=acc.tool_calls(request.request_id),
             usage=acc.usage,
             provider_response_id=acc.response_id,
+            stop_reason=acc.finish_reason,
         )
-
-    async def _http_error(self, response: httpx.Response) -> ProviderError:
-        status = response.status_code
-        detail = ""
-        try:
-            raw = (await response.aread()).decode("utf-8", "replace")
-        except (httpx.TransportError, httpx.StreamError):
-            raw = ""
-        try:
-            data = json.loads(raw)
-            err = data.get("error") if isinstance(data, dict) else None
-            if isinstance(err, dict) and err.get("message"):
-                detail = str(err["message"])
-            elif isinstance(err, str):
-                detail = err
-        except ValueError:
-            pass
-        detail = (detail or raw.strip())[:_ERROR_BODY_LIMIT]
-        return ProviderError(f"provider HTTP {status}: {detail}".rstrip(": "), status=status)
 
     async def _handle_chunk(
         self,
@@ -322,6 +331,8 @@ class OpenAICompatProvider:
             raise _error_from_payload(data["error"])
         if acc.response_id is None and isinstance(data.get("id"), str):
             acc.response_id = data["id"]
+        if isinstance(data.get("service_tier"), str):
+            acc.service_tier = data["service_tier"]
         choices = data.get("choices") or []
         for choice in choices:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
@@ -333,16 +344,16 @@ class OpenAICompatProvider:
                 content = delta.get("content")
                 if isinstance(content, str) and content:
                     acc.text_parts.append(content)
-                    await _call(on_chunk, content)
+                    await notify(on_chunk, content)
                 for tc in delta.get("tool_calls") or []:
                     if isinstance(tc, dict):
                         acc.add_tool_call_delta(tc)
             if choice.get("finish_reason"):
                 acc.finish_reason = str(choice["finish_reason"])
-        usage = parse_usage(data.get("usage"))
+        usage = parse_usage(data.get("usage"), acc.service_tier or self.service_tier)
         if usage is not None:
             acc.usage = usage  # cumulative watermark: replace, never add
-            await _call(on_usage, usage)
+            await notify(on_usage, usage)
 
     async def _consume_stream(
         self,

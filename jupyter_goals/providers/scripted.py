@@ -45,6 +45,7 @@ class Respond(BaseModel):
     usage: Usage | None = None
     stream_chunks: list[str] | None = None
     delay_s: float = 0.0
+    chunk_delay_s: float = 0.0  # a pause before each streamed chunk after the first (shows streaming live)
     error: dict[str, Any] | None = None
     verdicts: list[dict[str, Any]] = Field(default_factory=list)
 
@@ -142,7 +143,9 @@ class ScriptedProvider:
             status = int(respond.error.get("status", 500))
             raise ProviderError(f"scripted provider error {status}", status=status)
         chunks = respond.stream_chunks if respond.stream_chunks is not None else ([respond.text] if respond.text else [])
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
+            if i and respond.chunk_delay_s:
+                await asyncio.sleep(respond.chunk_delay_s)
             await _call(on_chunk, chunk)
         text = "".join(chunks) if respond.stream_chunks is not None else respond.text
         if respond.usage is not None:

@@ -9,23 +9,36 @@ work round-robin across sessions under ``max_concurrent_turns``. Repeating any s
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from jupyter_goals import budget
+from jupyter_goals.config import GoalsConfig
+from jupyter_goals.effect_files import cancel_shell, cancelled_result_text, shell_alive, shell_result_text
 from jupyter_goals.faults import crash_point
 from jupyter_goals.goals.lifecycle import goal_wait
 from jupyter_goals.identity import ProcessIdentity
-from jupyter_goals.models import DesiredState, EffectState, ItemKind, Phase, ReasonCode, TurnState
+from jupyter_goals.models import (
+    DesiredState,
+    EffectState,
+    ItemKind,
+    Phase,
+    ReasonCode,
+    RecoveryMode,
+    TurnState,
+)
 from jupyter_goals.prices import PriceTable
-from jupyter_goals.providers.base import check_model
-from jupyter_goals.recovery.decide import Action, Owner, RecoveryFacts, decide
+from jupyter_goals.providers.resolve import check_model
+from jupyter_goals.recovery.decide import Action, Owner, RecoveryFacts, decide, repair_mode
 from jupyter_goals.recovery.repair import late_receipt_text, placeholder_text
-from jupyter_goals.runtime.tools import ToolRegistry, shell_alive, shell_result_text
+from jupyter_goals.secrecy import Redactor
 from jupyter_goals.store import control as c
+from jupyter_goals.store import recovery as rs
 from jupyter_goals.store import waits
 from jupyter_goals.store.db import Database, Row, Tx, VersionConflict
 
@@ -33,16 +46,20 @@ from jupyter_goals.store.db import Database, Row, Tx, VersionConflict
 @dataclass
 class RecoveryReport:
     dead_workers: list[str] = field(default_factory=list)
-    recovered: dict[str, str] = field(default_factory=dict)  # work_id -> mode
+    recovered: dict[str, RecoveryMode] = field(default_factory=dict)  # work_id -> mode
     decisions: dict[str, str] = field(default_factory=dict)  # work_id -> action/reason
     admitted: list[str] = field(default_factory=list)
     charged: dict[str, str] = field(default_factory=dict)  # work_id -> worker whose death it was charged with
     reconciled: list[str] = field(default_factory=list)  # call ids whose late receipt was appended
     notified: list[dict[str, Any]] = field(default_factory=list)  # missed wait notifications found
+    cancelled: list[str] = field(default_factory=list)  # call ids of stopped tools the sweep is killing
+    # the earliest durable retry time (wall clock) of waiting work: the next pass is due then
+    next_due: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "reconciled": self.reconciled,
+            "cancelled": self.cancelled,
             "notified": self.notified,
             "dead_workers": self.dead_workers,
             "recovered": self.recovered,
@@ -50,6 +67,32 @@ class RecoveryReport:
             "admitted": self.admitted,
             "charged": self.charged,
         }
+
+
+class ToolIdentity(Protocol):
+    @property
+    def digest(self) -> str: ...
+
+
+class ToolLookup(Protocol):
+    """The trusted tool registry as recovery sees it: a planned call's implementation digest now."""
+
+    def get(self, name: str) -> ToolIdentity | None: ...
+
+
+def scope_lost(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What the permission scope ``saved`` lets run that ``current`` no longer does (empty: nothing
+    revoked). Only a narrowing counts: a wider ``current`` is never applied to running work by itself."""
+    lost: list[str] = []
+    if current.get("mode") != "bypass":
+        if saved.get("mode") == "bypass":
+            lost.append("bypass mode")
+        else:
+            allowed = current.get("allow") or []
+            lost += [f"the allow rule {json.dumps(r, sort_keys=True)}" for r in saved.get("allow") or [] if r not in allowed]
+    env = current.get("env_allow") or []
+    lost += [f"the environment variable {n}" for n in saved.get("env_allow") or [] if n not in env]
+    return lost
 
 
 def recovery_backoff(attempts: int, base: float, cap: float = 300.0) -> float:
@@ -64,15 +107,21 @@ class Coordinator:
         *,
         state_dir: Path,
         default_model: str,
-        registry: ToolRegistry,
+        registry: ToolLookup,
         max_concurrent_turns: int = 4,
         allow_cross_host_takeover: bool = False,
         max_recovery_attempts: int = 5,
         recovery_backoff_s: float = 1.0,
         prices: PriceTable | None = None,
+        redactor: Redactor | None = None,
+        cancel_grace_s: float = 5.0,
     ) -> None:
+        self.cancel_grace_s = cancel_grace_s
+        self._cancelling: dict[str, asyncio.Task[None]] = {}  # effect_id → the sweep's kill in progress
         self.db = db
         self.state_dir = state_dir
+        # a late receipt is tool output like any other: credentials never reach the transcript
+        self.redactor = redactor if redactor is not None else Redactor.from_environment()
         self.default_model = default_model
         self.registry = registry
         self.max_concurrent_turns = max_concurrent_turns
@@ -81,27 +130,50 @@ class Coordinator:
         self.recovery_backoff_s = recovery_backoff_s
         self.prices = prices  # hard cost budgets quote the next request's reservation with it
         self._held: dict[str, budget.Problem] = {}  # this pass's budget problems, by work_id
+        self._revoked: dict[str, str] = {}  # this pass's revoked-permission sentences, by work_id
         self.me = ProcessIdentity.current()
         self.claimant = f"{self.me.host_name}|{self.me.boot_id}|{self.me.pid}|{self.me.start_time}"
         self.admission_open = True
 
+    @classmethod
+    def from_config(cls, db: Database, config: GoalsConfig, *, registry: ToolLookup,
+                    prices: PriceTable | None = None) -> Coordinator:
+        """The Coordinator the server runs with ``config`` (the CLI builds the same one from the saved file)."""
+        return cls(
+            db,
+            state_dir=config.state_dir,
+            default_model=config.default_model,
+            registry=registry,
+            max_concurrent_turns=config.max_concurrent_turns,
+            allow_cross_host_takeover=config.allow_cross_host_takeover,
+            max_recovery_attempts=config.max_recovery_attempts,
+            recovery_backoff_s=config.recovery_backoff_s,
+            redactor=Redactor.from_environment(extra=config.secrets),
+            cancel_grace_s=config.cancel_grace_s,
+            prices=prices,
+        )
+
     # ------------------------------------------------------------------ entry point
     async def recover(self) -> RecoveryReport:
+        # each step reads first and opens a write transaction only when it has something to change,
+        # so a pass over idle work commits nothing (Database.run_write_if_needed)
         report = RecoveryReport()
-        report.dead_workers = await self.db.run(lambda tx: self._confirm_ownership(tx, report))
-        for attempt in await self.db.run(self._unrecovered_attempts, write=False):
+        report.dead_workers = await self.db.run_write_if_needed(lambda tx: self._confirm_ownership(tx, report))
+        for attempt in await self.db.run(rs.unrecovered_attempts, write=False):
             mode = await self._recover_attempt(attempt)
             if mode:
                 report.recovered[attempt["work_id"]] = mode
-        report.reconciled = await self.db.run(self._late_receipts)
-        report.notified = await self.db.run(lambda tx: waits.reconcile_waits(tx, time.time()))
-        await self.db.run(lambda tx: self._reconcile(tx, report))
+        report.cancelled = await self._cancel_condemned_tools()
+        report.reconciled = await self.db.run_write_if_needed(self._late_receipts)
+        report.notified = await self.db.run_write_if_needed(lambda tx: waits.reconcile_waits(tx, time.time()))
+        await self.db.run_write_if_needed(lambda tx: self._reconcile(tx, report))
         return report
 
     async def admit(self) -> RecoveryReport:
-        """The cheap path after a new message or control: decide and admit, no ownership scan."""
+        """The cheap path after a new message or control: decide and admit, no ownership scan.
+        Nothing to change: reads only."""
         report = RecoveryReport()
-        await self.db.run(lambda tx: self._reconcile(tx, report))
+        await self.db.run_write_if_needed(lambda tx: self._reconcile(tx, report))
         return report
 
     # ------------------------------------------------------------------ 1. ownership
@@ -110,7 +182,7 @@ class Coordinator:
         late heartbeat alone. Another host's expired lease is taken over only when configured."""
         dead: list[str] = []
         now = time.time()
-        for w in tx.all("SELECT * FROM workers WHERE state = 'live'"):
+        for w in rs.live_workers(tx):
             ident = ProcessIdentity(w["host_name"], w["boot_id"], int(w["pid"]), w["start_time"])
             alive = ident.is_alive_here()
             if alive is False:
@@ -122,15 +194,9 @@ class Coordinator:
             self._charge_deaths(tx, c.mark_worker_dead(tx, w, reason), now, report)
             dead.append(w["worker_id"])
         # running attempts whose worker ended without releasing them (a crash during graceful stop)
-        orphans = tx.all(
-            "SELECT a.* FROM attempts a JOIN workers w ON a.worker_id = w.worker_id"
-            " WHERE a.state = 'running' AND w.state != 'live'"
-        )
+        orphans = rs.orphaned_attempts(tx)
         for a in orphans:
-            tx.execute("UPDATE attempts SET state = 'dead', ended_at = ?, end_reason = 'worker ended' WHERE attempt_id = ?",
-                       (now, a["attempt_id"]))
-            c.bump_commit_point(tx, a["work_id"])
-            c.lose_requests(tx, a["attempt_id"])
+            rs.mark_orphan_dead(tx, a, now)
         self._charge_deaths(tx, orphans, now, report)
         return dead
 
@@ -147,30 +213,16 @@ class Coordinator:
         for a in died:
             by_worker.setdefault(str(a["worker_id"]), []).append(a)
         for worker_id, attempts in by_worker.items():
-            in_flight = [a for a in attempts if tx.one(
-                "SELECT effect_id FROM effects WHERE turn_id = ? AND state = 'dispatched' LIMIT 1", (a["turn_id"],)
-            ) is not None]
+            in_flight = [a for a in attempts if rs.tool_in_flight(tx, a["turn_id"])]
             for a in in_flight or attempts:
                 work = c.get_work(tx, a["work_id"])
                 deaths = int(work["recovery_attempts"]) + 1
                 delay = recovery_backoff(deaths, self.recovery_backoff_s)
-                tx.execute("UPDATE work_items SET recovery_attempts = ?, next_attempt_at = ? WHERE work_id = ?",
-                           (deaths, now + delay if delay else 0, work["work_id"]))
-                tx.execute("UPDATE attempts SET end_reason = COALESCE(end_reason, '') || ? WHERE attempt_id = ?",
-                           (f"; charged: death {deaths} in a row", a["attempt_id"]))
-                c.emit(tx, "recovery.charged", {"attempt_id": a["attempt_id"], "worker_id": worker_id,
-                                                "recovery_attempts": deaths, "delay_s": delay},
-                       session_id=work["session_id"], work_id=work["work_id"])
+                rs.charge_death(tx, work, a["attempt_id"], worker_id, deaths, delay, now)
                 report.charged[work["work_id"]] = worker_id
 
-    def _unrecovered_attempts(self, tx: Tx) -> list[Row]:
-        return tx.all(
-            "SELECT a.* FROM attempts a LEFT JOIN recovery_decisions d ON d.decision_key = 'recover:' || a.attempt_id"
-            " WHERE a.state = 'dead' AND (d.state IS NULL OR d.state = 'claimed') ORDER BY a.admitted_at"
-        )
-
     # ------------------------------------------------------------------ 2. claim, repair, decide
-    async def _recover_attempt(self, attempt: Row) -> str | None:
+    async def _recover_attempt(self, attempt: Row) -> RecoveryMode | None:
         key = f"recover:{attempt['attempt_id']}"
         claimed = await self.db.run(lambda tx: self._claim(tx, key, attempt))
         if not claimed:
@@ -183,14 +235,10 @@ class Coordinator:
     def _claim(self, tx: Tx, key: str, attempt: Row) -> bool:
         """One recovery owner per work item; a dead claimant's claim is taken over, a live one's is not."""
         now = time.time()
-        row = tx.one("SELECT * FROM recovery_decisions WHERE decision_key = ?", (key,))
+        row = rs.recovery_claim(tx, key)
         if row is None:
             work = c.get_work(tx, attempt["work_id"])
-            tx.execute(
-                "INSERT INTO recovery_decisions (decision_key, work_id, claimed_by, state, control_version, created_at,"
-                " updated_at) VALUES (?, ?, ?, 'claimed', ?, ?, ?)",
-                (key, attempt["work_id"], self.claimant, work["control_version"], now, now),
-            )
+            rs.claim_recovery(tx, key, work, self.claimant, now)
             if work["desired_state"] == DesiredState.RUN:  # paused or stopped work keeps its phase and reason
                 c.set_phase(tx, work, Phase.RECOVERING, ReasonCode.RECOVERED, "Recovering after an interruption.")
             return True
@@ -201,19 +249,18 @@ class Coordinator:
             other = ProcessIdentity(host, boot, int(pid), None if start == "None" else int(start))
             if other.is_alive_here() is not False:
                 return False
-            tx.execute("UPDATE recovery_decisions SET claimed_by = ?, updated_at = ? WHERE decision_key = ?",
-                       (self.claimant, now, key))
+            rs.take_over_claim(tx, key, self.claimant, now)
         return True
 
-    def _repair(self, tx: Tx, key: str, attempt: Row) -> str:
+    def _repair(self, tx: Tx, key: str, attempt: Row) -> RecoveryMode:
         """Merge real results, mark unknown outcomes with stable placeholders, record the interruption,
         and choose exactly one mode: resume from the safe checkpoint, or end the turn and start anew."""
         work = c.get_work(tx, attempt["work_id"])
-        turn = tx.one("SELECT * FROM turns WHERE turn_id = ?", (attempt["turn_id"],))
-        mode = "none"
+        turn = rs.get_turn(tx, attempt["turn_id"])
+        mode = RecoveryMode.NONE
         if turn is not None and turn["state"] == TurnState.RUNNING:
             unknown: list[Row] = []
-            for eff in c.effects_of_turn(tx, turn["turn_id"]):
+            for eff in c.open_effects_of_turn(tx, turn["turn_id"]):
                 if eff["state"] != EffectState.DISPATCHED:
                     continue
                 effect_dir = self.state_dir / "effects" / eff["effect_id"]
@@ -233,7 +280,7 @@ class Coordinator:
                               placeholder_text(eff["call_id"], eff["tool"]), item_id=f"repair:{eff['call_id']}",
                               work_id=work["work_id"], turn_id=turn["turn_id"], call_id=eff["call_id"], tool=eff["tool"],
                               state=str(EffectState.UNKNOWN))
-            mode = "new_turn" if unknown else "resume_checkpoint"
+            mode = repair_mode(turn_running=True, unknown_outcomes=bool(unknown))
             text = (
                 "Interrupted: the executor died. "
                 + ("Outcome unknown for: " + ", ".join(f"{e['tool']} ({e['call_id']})" for e in unknown)
@@ -246,42 +293,63 @@ class Coordinator:
                 c.end_turn(tx, work, turn["turn_id"], TurnState.INTERRUPTED, "executor died with unknown outcomes")
         # the death was charged (or not) when it was confirmed; the decision records the outcome
         retry_at = float(work["next_attempt_at"] or 0)
-        tx.execute(
-            "UPDATE recovery_decisions SET state = 'decided', mode = ?, updated_at = ?, detail = ? WHERE decision_key = ?",
-            (mode, time.time(), c.dumps({"recovery_attempts": int(work["recovery_attempts"]), "retry_at": retry_at,
-                                         "end_reason": attempt["end_reason"]}), key),
-        )
+        rs.record_recovery_decision(tx, key, mode, {"recovery_attempts": int(work["recovery_attempts"]),
+                                                     "retry_at": retry_at, "end_reason": attempt["end_reason"]})
         c.emit(tx, "recovery.decided", {"attempt_id": attempt["attempt_id"], "mode": mode},
                session_id=work["session_id"], work_id=work["work_id"])
         return mode
+
+    async def _cancel_condemned_tools(self) -> list[str]:
+        """Running shell calls whose work was stopped (or that a person cancelled) and that no live
+        worker's attempt owns any more — the worker or the server died between the stop's commit and the
+        kill: find the process by its identity, kill its group (SIGTERM, SIGKILL after the grace), commit
+        ``cancelled`` with its real exit status and output. Never re-runs anything; harmless to repeat."""
+        started: list[str] = []
+        for eff in await self.db.run(c.tools_to_cancel, write=False):
+            if eff["owned"] or eff["effect_id"] in self._cancelling:
+                continue  # a live worker cancels its own calls; a kill of ours is under way
+
+            async def cancel(eff: Row = eff) -> None:
+                effect_dir = self.state_dir / "effects" / eff["effect_id"]
+                cause = "stop" if eff["desired_state"] == DesiredState.CANCELLED else "tool"
+                try:
+                    signalled = await cancel_shell(effect_dir, self.cancel_grace_s)
+                    text = self.redactor(cancelled_result_text(effect_dir, cause, signalled))
+                    await self.db.run(lambda tx: c.commit_cancelled(tx, eff, text))
+                finally:
+                    self._cancelling.pop(eff["effect_id"], None)
+
+            self._cancelling[eff["effect_id"]] = asyncio.create_task(cancel())
+            started.append(eff["call_id"])
+        return started
 
     def _late_receipts(self, tx: Tx) -> list[str]:
         """Unknown shell effects whose exit file turned up later (e.g. a process of an earlier boot that
         finished): append the real result once as a reconciliation item; later requests use it in
         place of the placeholder, and the unknown-effect restriction no longer counts it."""
         done: list[str] = []
-        for eff in tx.all("SELECT * FROM effects WHERE state = 'unknown' AND tool = 'shell' ORDER BY seq"):
+        for eff in rs.unknown_shell_effects(tx):
             text = shell_result_text(self.state_dir / "effects" / eff["effect_id"])
-            if text is not None and c.reconcile_effect(tx, eff, late_receipt_text(eff["call_id"], text)):
+            if text is not None and c.reconcile_effect(tx, eff, self.redactor(late_receipt_text(eff["call_id"], text))):
                 done.append(eff["call_id"])
         return done
 
     # ------------------------------------------------------------------ 3+4. decide and admit
     def _facts(
-        self, tx: Tx, work: Row, session: Row, now: float, models: dict[str, ReasonCode | None]
+        self, tx: Tx, work: Row, session: Row, now: float, models: dict[str, ReasonCode | None],
+        dead_workers: frozenset[str] = frozenset(),
     ) -> RecoveryFacts:
         """Load one work item's facts. ``models`` caches model checks for one pass (a scripted model
-        check parses its file; the admission loop runs every 100 ms)."""
+        check parses its file; a pass may run many times a second while work arrives)."""
         model = session["model"] or self.default_model
         if model not in models:
             models[model] = check_model(model)
-        live = tx.all(
-            "SELECT a.*, w.host_name AS w_host, w.lease_expires_at AS w_lease FROM attempts a"
-            " LEFT JOIN workers w ON a.worker_id = w.worker_id WHERE a.work_id = ? AND a.state IN ('admitted', 'running')",
-            (work["work_id"],),
-        )
+        live = rs.live_attempts_of(tx, work["work_id"])
         owner = Owner.NONE
+        died = any(a["worker_id"] in dead_workers for a in live)  # explain: deaths a pass would confirm
         for a in live:
+            if a["worker_id"] in dead_workers:
+                continue
             if a["state"] == "running" and a["w_host"] not in (None, self.me.host_name) and a["w_lease"] < now:
                 owner = Owner.UNREACHABLE
             else:
@@ -289,16 +357,17 @@ class Coordinator:
         turn = c.open_turn(tx, work)
         changed: list[str] = []
         if turn is not None:
-            for eff in tx.all("SELECT tool, impl_digest FROM effects WHERE turn_id = ? AND state = 'planned'", (turn["turn_id"],)):
+            for eff in rs.planned_tool_digests(tx, turn["turn_id"]):
                 spec = self.registry.get(eff["tool"])
                 if spec is not None and eff["impl_digest"] and spec.digest != eff["impl_digest"]:
                     changed.append(eff["tool"])
-        latest = tx.one("SELECT state, control_version FROM attempts WHERE work_id = ? ORDER BY admitted_at DESC LIMIT 1",
-                        (work["work_id"],))
-        interrupted = (latest is not None and latest["state"] == "dead"
-                       and int(latest["control_version"]) == int(work["control_version"]))
-        pending = tx.one("SELECT approval_id FROM approvals WHERE work_id = ? AND state = 'pending' LIMIT 1",
-                         (work["work_id"],)) is not None
+        latest = rs.latest_attempt(tx, work["work_id"])
+        interrupted = died or (latest is not None and latest["state"] == "dead"
+                               and int(latest["control_version"]) == int(work["control_version"]))
+        pending = rs.has_pending_approval(tx, work["work_id"])
+        revoked = self._revoked_permissions(tx, work, session)
+        if revoked is not None:
+            self._revoked[work["work_id"]] = revoked
         held = self._budget_problem(tx, work, model, now)
         return RecoveryFacts(
             desired_state=DesiredState(work["desired_state"]),
@@ -309,6 +378,7 @@ class Coordinator:
             pending_approval=pending,
             goal_wait=goal_wait(tx, work["work_id"]) if work["kind"] == "goal" else None,
             dependency_wait=ReasonCode.AWAITING_SUBTASK if waits.open_wait_count(tx, work["work_id"]) else None,
+            permission_revoked=revoked is not None,
             budget_problem=held.code if held else None,
             cwd_exists=os.path.isdir(session["cwd"]),
             model_problem=models[model],
@@ -321,6 +391,25 @@ class Coordinator:
             unknown_effects=tuple(u["call_id"] for u in c.unknown_effects(tx, work["work_id"])),
         )
 
+    def _revoked_permissions(self, tx: Tx, work: Row, session: Row) -> str | None:
+        """The sentence for people when the scope this work runs with grants more than an authority it
+        derives from allows now: its session, the chat that started it (a Job, or a subtask of one) or
+        its parent (a subtask). The work waits; nothing is widened or narrowed by itself."""
+        saved = json.loads(work["permission_scope"] or "{}")
+        authorities: list[tuple[str, dict[str, Any]]] = [("this session", session["permissions"])]
+        if work["job_id"]:
+            caller = c.get_session(tx, waits.get_job(tx, work["job_id"])["caller_session_id"])
+            authorities.append((f"the chat that started this Job ({caller['title']!r})", caller["permissions"]))
+        if work["parent_work_id"]:
+            parent = c.get_work(tx, work["parent_work_id"])
+            authorities.append(("the parent work", json.loads(parent["permission_scope"] or "{}")))
+        for whose, current in authorities:
+            if lost := scope_lost(saved, current):
+                return (f"The permissions this work ran with were revoked: {whose} no longer allows "
+                        f"{', '.join(lost)}. Grant them again and the work continues by itself; or set this"
+                        " session's permissions to the narrower ones, or End it.")
+        return None
+
     def _budget_problem(self, tx: Tx, work: Row, model: str, now: float) -> budget.Problem | None:
         """Hard budgets are rechecked before every admission, recovery included (never a default limit)."""
         problem = budget.admission_problem(tx, work, model, self.prices, now)
@@ -331,30 +420,29 @@ class Coordinator:
     def _reconcile(self, tx: Tx, report: RecoveryReport) -> None:
         now = time.time()
         self._held.clear()
-        rows = tx.all(
-            "SELECT * FROM work_items WHERE phase NOT IN ('done', 'cancelled') ORDER BY created_at"
-        )
+        self._revoked.clear()
+        report.next_due = None
+        rows = rs.unfinished_work(tx)
         sessions: dict[str, Row] = {}
         models: dict[str, ReasonCode | None] = {}
-        runnable: dict[str, tuple[Row, str, bool]] = {}  # session_id -> its first runnable work item
-        busy: set[str] = set()
+        runnable: dict[str, tuple[Row, RecoveryMode, bool]] = {}  # session_id -> its first runnable work item
+        # one running item per session: an attempt still live (a paused item's last step, a stopped one's
+        # kill, a death not yet confirmed) holds its session whatever became of its work item
+        busy: set[str] = rs.sessions_with_live_attempts(tx)
         for work in rows:
             sid = work["session_id"]
             session = sessions.get(sid) or c.get_session(tx, sid)
             sessions[sid] = session
             if work["phase"] == Phase.FAILED and work["desired_state"] == DesiredState.RUN:
                 continue  # a persistent fault keeps its record until Retry / Pause / End
-            if tx.one(
-                "SELECT a.attempt_id FROM attempts a LEFT JOIN recovery_decisions d"
-                " ON d.decision_key = 'recover:' || a.attempt_id WHERE a.work_id = ? AND a.state = 'dead'"
-                " AND (d.state IS NULL OR d.state = 'claimed') LIMIT 1",
-                (work["work_id"],),
-            ):
+            if rs.recovery_pending(tx, work["work_id"]):
                 busy.add(sid)  # its recovery is not decided yet: recover() handles it first
                 continue
             facts = self._facts(tx, work, session, now, models)
             d = decide(facts)
             report.decisions[work["work_id"]] = f"{d.action}:{d.reason_code}"
+            if facts.retry_at > now:  # a backoff ends then: no commit announces it
+                report.next_due = min(report.next_due or facts.retry_at, facts.retry_at)
             if d.action == Action.KEEP:
                 busy.add(sid)
             elif d.action == Action.CANCEL:
@@ -363,8 +451,7 @@ class Coordinator:
                 c.set_phase(tx, work, Phase.DONE, ReasonCode.COMPLETED)
             elif d.action == Action.PAUSE:
                 if d.reason_code == ReasonCode.AUTO_RECOVERY_DISABLED and work["desired_state"] != "paused":
-                    tx.execute("UPDATE work_items SET desired_state = 'paused' WHERE work_id = ?", (work["work_id"],))
-                    work["desired_state"] = "paused"
+                    rs.pause_work(tx, work)
                 c.set_phase(tx, work, Phase.PAUSED, d.reason_code)
             elif d.action == Action.FAIL:
                 c.set_phase(tx, work, Phase.FAILED, d.reason_code, self._explain(work, d.reason_code, now))
@@ -379,7 +466,7 @@ class Coordinator:
                     if work["phase"] != Phase.QUEUED or work["reason_code"] != ReasonCode.WAITING_FOR_TURN:
                         c.set_phase(tx, work, Phase.QUEUED, ReasonCode.WAITING_FOR_TURN)
                     continue
-                runnable[sid] = (work, d.mode, d.restricted)
+                runnable[sid] = (work, d.mode or RecoveryMode.FRESH, d.restricted)
         if not self.admission_open:
             return
         free = self.max_concurrent_turns - c.live_attempts(tx)
@@ -393,15 +480,14 @@ class Coordinator:
                 c.admit(tx, work, mode=mode, turn_id=turn["turn_id"] if turn else None, restricted=restricted)
             except VersionConflict:
                 continue
-            tx.execute(
-                "UPDATE recovery_decisions SET state = 'applied', updated_at = ? WHERE work_id = ? AND state = 'decided'",
-                (now, work["work_id"]),
-            )
+            rs.apply_recovery_decisions(tx, work["work_id"], now)
             report.admitted.append(work["work_id"])
             free -= 1
 
     def _explain(self, work: Row, code: ReasonCode, now: float) -> str | None:
         """The sentence for people beside a crash-loop reason (None: the reason's standard sentence)."""
+        if code == ReasonCode.PERMISSION_REVOKED:
+            return self._revoked.get(work["work_id"])
         deaths = int(work["recovery_attempts"])
         if code == ReasonCode.RECOVERY_ATTEMPTS_EXCEEDED:
             return (f"The executor died {deaths} times in a row while this work ran (at most"
@@ -420,14 +506,18 @@ class Coordinator:
             out = []
             now = time.time()
             models: dict[str, ReasonCode | None] = {}
-            for work in tx.all("SELECT * FROM work_items WHERE phase NOT IN ('done', 'cancelled') ORDER BY created_at"):
+            # the deaths the next pass would confirm (by process identity), so the answer is that pass's
+            dead = frozenset(w["worker_id"] for w in rs.live_workers(tx)
+                             if ProcessIdentity(w["host_name"], w["boot_id"], int(w["pid"]),
+                                                w["start_time"]).is_alive_here() is False)
+            for work in rs.unfinished_work(tx):
                 session = c.get_session(tx, work["session_id"])
-                facts = self._facts(tx, work, session, now, models)
+                facts = self._facts(tx, work, session, now, models, dead)
                 d = decide(facts)
                 out.append({
                     "work_id": work["work_id"], "session_id": work["session_id"], "phase": work["phase"],
                     "desired_state": work["desired_state"], "decision": d.action.value, "reason_code": d.reason_code.value,
-                    "mode": d.mode, "restricted": d.restricted,
+                    "mode": str(d.mode or ""), "restricted": d.restricted,
                     "facts": {k: (v.value if hasattr(v, "value") else v) for k, v in facts.__dict__.items()},
                 })
             return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from jupyter_goals.models import DesiredState, Phase, ReasonCode
+from jupyter_goals.models import DesiredState, Phase, ReasonCode, RecoveryMode
 
 
 class Owner(StrEnum):
@@ -62,7 +62,7 @@ class RecoveryDecision:
     action: Action
     phase: Phase
     reason_code: ReasonCode
-    mode: str = ""  # fresh | resume_checkpoint | new_turn, for ADMIT
+    mode: RecoveryMode | None = None  # fresh | resume_checkpoint | new_turn, for ADMIT
     restricted: bool = False
 
 
@@ -106,14 +106,26 @@ def decide(f: RecoveryFacts) -> RecoveryDecision:
     if f.retry_at > f.now:  # a durable retry time: after an executor death, or after a provider fault
         code = ReasonCode.RECOVERY_BACKOFF if f.interrupted else ReasonCode.PROVIDER_RETRYING
         return RecoveryDecision(Action.WAIT, Phase.WAITING, code)
-    if not f.has_open_turn:
-        mode = "new_turn" if f.interrupted else "fresh"
-    else:
-        mode = "resume_checkpoint"
     return RecoveryDecision(
         Action.ADMIT,
         Phase.QUEUED,
         ReasonCode.RECOVERED if f.interrupted else ReasonCode.QUEUED,
-        mode=mode,
+        mode=admission_mode(has_open_turn=f.has_open_turn, interrupted=f.interrupted),
         restricted=bool(f.unknown_effects),
     )
+
+
+def admission_mode(*, has_open_turn: bool, interrupted: bool) -> RecoveryMode:
+    """How admitted work continues: its open turn from the last safe checkpoint, else a new turn
+    (after an interruption) or a fresh one."""
+    if has_open_turn:
+        return RecoveryMode.RESUME_CHECKPOINT
+    return RecoveryMode.NEW_TURN if interrupted else RecoveryMode.FRESH
+
+
+def repair_mode(*, turn_running: bool, unknown_outcomes: bool) -> RecoveryMode:
+    """The one recovery mode of a dead attempt: none without a running turn; a new turn when some
+    call's outcome is unknown (the turn ends ``interrupted``); else resume from the checkpoint."""
+    if not turn_running:
+        return RecoveryMode.NONE
+    return RecoveryMode.NEW_TURN if unknown_outcomes else RecoveryMode.RESUME_CHECKPOINT

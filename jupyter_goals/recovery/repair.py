@@ -7,6 +7,7 @@ decision; it only tells the model, truthfully, what is known about each earlier 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Sequence
 
 from jupyter_goals.models import EffectState, ItemKind, ProviderMessage, ToolCallSpec, TranscriptItem
@@ -44,6 +45,21 @@ def never_started_text(call_id: str, tool: str) -> str:
     return NEVER_STARTED_TEXT.format(call_id=call_id, tool=tool)
 
 
+COMPACTION_TEXT = "[summary of the earlier conversation, compacted to fit the context window]\n{content}"
+
+
+def compacted(items: Sequence[TranscriptItem]) -> list[TranscriptItem]:
+    """What a request reads: after the newest ``compaction`` item, that summary plus the items after
+    the seq it covers (``meta.up_to_seq``); without one, every item. Ordered by seq; pure."""
+    ordered = sorted(items, key=lambda it: it.seq)
+    summaries = [it for it in ordered if it.kind == ItemKind.COMPACTION]
+    if not summaries:
+        return ordered
+    last = summaries[-1]
+    up_to = int(last.meta.get("up_to_seq", last.seq))
+    return [last, *(it for it in ordered if it.seq > up_to and it.kind != ItemKind.COMPACTION)]
+
+
 def repair_history(
     items: Sequence[TranscriptItem], system_prompt: str | None = None
 ) -> list[ProviderMessage]:
@@ -65,8 +81,10 @@ def repair_history(
     - Two calls of one response with the same call ID (or provider call ID) raise
       ``AmbiguousCallIds``. Items are ordered by ``seq``; the inputs are not modified and equal
       inputs give equal outputs.
+    - After a ``compaction`` item only its summary (user-role) and the items after the seq it covers
+      are projected (``compacted``).
     """
-    ordered = sorted(items, key=lambda it: it.seq)
+    ordered = compacted(items)
     groups = _group_responses(ordered)
     results = _match_results(ordered)
 
@@ -76,6 +94,8 @@ def repair_history(
         if item.kind in (ItemKind.USER, ItemKind.GOAL_PROMPT, ItemKind.SUBTASK_RESULT):  # continuation prompts and
             # delivered subtask results are user-role
             messages.append(ProviderMessage(role="user", content=item.content))
+        elif item.kind == ItemKind.COMPACTION:
+            messages.append(ProviderMessage(role="user", content=COMPACTION_TEXT.format(content=item.content)))
         elif item.kind in _RESPONSE_KINDS and _group_key(item) not in emitted:
             # The first item of a response (in seq order) fixes where the whole response goes.
             emitted.add(_group_key(item))
@@ -179,3 +199,138 @@ def _tool_message(call: TranscriptItem, result: TranscriptItem | None) -> Provid
 
 def _join(head: str, tail: str) -> str:
     return f"{head}\n{tail}" if tail else head
+
+
+def message_chars(message: ProviderMessage) -> int:
+    """A message's size for the token estimate (about 4 characters a token; provider-neutral)."""
+    return len(message.content) + sum(len(c.name) + len(json.dumps(c.arguments)) for c in message.tool_calls) + 8
+
+
+def estimate_tokens(messages: Sequence[ProviderMessage]) -> int:
+    """A provider-neutral estimate, enough to decide when to compact."""
+    return sum(message_chars(m) for m in messages) // 4
+
+
+class IncrementalHistory:
+    """``repair_history`` kept up to date step by step at the cost of what changed.
+
+    The items are split at a *closed* boundary: every tool call before it has its winning real result
+    before it. The projection of that prefix cannot change unless a later item joins one of its
+    responses or is a result for one of its calls (a late or duplicate receipt) or is a compaction:
+    then everything is rebuilt once. Otherwise a step re-projects only the open tail. Equal to
+    ``repair_history(all items, system_prompt)`` for any input fed in seq order (property-tested).
+    """
+
+    def __init__(self, system_prompt: str | None = None) -> None:
+        self.system_prompt = system_prompt
+        self.items: list[TranscriptItem] = []
+        self.last_seq = -1  # seqs start at 1; -1 takes every item
+        self._boundary = 0  # items[:boundary] are projected into _prefix
+        self._prefix: list[ProviderMessage] = self._head()
+        self._groups: set[tuple[str, str]] = set()  # response groups inside the prefix
+        self._call_ids: set[str] = set()  # call and provider call IDs inside the prefix
+        self._prefix_chars = sum(message_chars(m) for m in self._prefix)
+        self.rebuilds = 0
+        self.tokens = 0  # ``estimate_tokens`` of the last projection, kept at the cost of what changed
+
+    def _head(self) -> list[ProviderMessage]:
+        return [ProviderMessage(role="system", content=self.system_prompt)] if self.system_prompt is not None else []
+
+    def update(self, new: Sequence[TranscriptItem]) -> list[ProviderMessage]:
+        """Add items newer than ``last_seq`` (in any order) and answer the full projection."""
+        fresh = sorted((it for it in new if it.seq > self.last_seq), key=lambda it: it.seq)
+        if any(self._invalidates(it) for it in fresh):
+            self._reset()
+        self.items.extend(fresh)
+        if fresh:
+            self.last_seq = fresh[-1].seq
+        if any(it.kind == ItemKind.COMPACTION for it in fresh):
+            self.items = compacted(self.items)  # what a compaction covers is never read again
+        self._advance()
+        tail = repair_history(self.items[self._boundary:])
+        self.tokens = (self._prefix_chars + sum(message_chars(m) for m in tail)) // 4
+        return [*self._prefix, *tail]
+
+    def compactable(self) -> tuple[int, list[ProviderMessage]] | None:
+        """What a compaction could cover: the seq of the last item of the closed prefix and the
+        prefix's messages (without the system prompt); None when the prefix holds nothing but an
+        earlier summary (compacting again would not make the request smaller)."""
+        prefix = self.items[:self._boundary]
+        if not any(it.kind != ItemKind.COMPACTION for it in prefix):
+            return None
+        return prefix[-1].seq, self._prefix[len(self._head()):]
+
+    def _invalidates(self, item: TranscriptItem) -> bool:
+        if item.kind == ItemKind.COMPACTION:
+            return True
+        if item.kind in _RESPONSE_KINDS and _group_key(item) in self._groups:
+            return True
+        if item.kind in _RESULT_KINDS:
+            return bool({item.call_id, item.provider_call_id} & self._call_ids)
+        if item.kind == ItemKind.TOOL_CALL:  # a later call reusing an ID changes which call results match
+            return bool({_call_id(item), item.provider_call_id} & self._call_ids)
+        return False
+
+    def _reset(self) -> None:
+        self.rebuilds += 1
+        self._boundary = 0
+        self._prefix = self._head()
+        self._prefix_chars = sum(message_chars(m) for m in self._prefix)
+        self._groups.clear()
+        self._call_ids.clear()
+
+    def _advance(self) -> None:
+        """Move the boundary to the end of the longest closed run of the tail."""
+        tail = self.items[self._boundary:]
+        end = _closed_end(tail)
+        if end == 0:
+            return
+        chunk = tail[:end]
+        closed = repair_history(chunk)
+        self._prefix.extend(closed)
+        self._prefix_chars += sum(message_chars(m) for m in closed)
+        for item in chunk:
+            if item.kind in _RESPONSE_KINDS:
+                self._groups.add(_group_key(item))
+            if item.kind == ItemKind.TOOL_CALL:
+                self._call_ids.update(i for i in (_call_id(item), item.provider_call_id) if i)
+        self._boundary += end
+
+
+def _closed_end(tail: Sequence[TranscriptItem]) -> int:
+    """The largest n such that no item of ``tail[n:]`` refers back into ``tail[:n]`` (joins one of its
+    responses, is a result for or reuses the ID of one of its calls) and every call of ``tail[:n]``
+    already has a result there (so the usual next item, its result, does not force a rebuild); 0
+    when there is none. One pass forward, one backward."""
+    anchor = list(range(len(tail)))  # the earliest index each item refers to (itself when none)
+    group_first: dict[tuple[str, str], int] = {}
+    by_call_id: dict[str, int] = {}
+    by_provider_id: dict[str, int] = {}
+    waiting: set[int] = set()  # calls without a result yet
+    closed = [True] * (len(tail) + 1)
+    for i, item in enumerate(tail):
+        if item.kind in _RESPONSE_KINDS:
+            anchor[i] = group_first.setdefault(_group_key(item), i)
+        if item.kind == ItemKind.TOOL_CALL:
+            for earlier in (by_call_id.get(_call_id(item)), by_provider_id.get(item.provider_call_id or "")):
+                if earlier is not None:
+                    anchor[i] = min(anchor[i], earlier)
+            by_call_id[_call_id(item)] = i
+            if item.provider_call_id:
+                by_provider_id[item.provider_call_id] = i
+            waiting.add(i)
+        elif item.kind in _RESULT_KINDS:  # the call _match_results would give it
+            target = (by_call_id.get(item.call_id or "") if item.call_id in by_call_id else None)
+            if target is None:
+                target = by_provider_id.get(item.call_id or "", by_provider_id.get(item.provider_call_id or ""))
+            if target is not None:
+                anchor[i] = min(anchor[i], target)
+                waiting.discard(target)
+        closed[i + 1] = not waiting
+    reach = len(tail)  # min(anchor[p] for p >= n)
+    for n in range(len(tail), 0, -1):
+        if n < len(tail):
+            reach = min(reach, anchor[n])
+        if closed[n] and reach >= n:
+            return n
+    return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from jupyter_goals.goals.tools import StateCall
+from jupyter_goals.store import control as c
 from jupyter_goals.store import waits as w
 
 CREATES_WORK = frozenset({"spawn_subtask"})
@@ -27,8 +28,7 @@ def spawn_subtask(call: StateCall, args: dict[str, Any]) -> str:
         return "error: spawn_subtask needs a task"
     timeout = args.get("timeout_s")
     timeout_s = float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else None
-    eff = call.tx.one("SELECT call_id FROM effects WHERE work_id = ? AND tool = 'spawn_subtask' AND state = 'dispatched'"
-                      " ORDER BY seq DESC LIMIT 1", (call.work["work_id"],))
+    eff = c.dispatched_call_of_tool(call.tx, call.work["work_id"], "spawn_subtask")
     try:
         child, _ = w.spawn_child(call.tx, call.work, task, host=call.host, call_id=eff["call_id"] if eff else None,
                                  timeout_s=timeout_s)

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_goals.config import GoalsConfig
+
 log = logging.getLogger(__name__)
 
 
@@ -28,6 +30,35 @@ class WorkerConfig:
     retry_base_s: float
     trusted_tools: dict[str, Any] = field(default_factory=dict)
     price_table: str = ""
+    tool_env_allow: list[str] = field(default_factory=list)
+    cancel_grace_s: float = 5.0
+    safety_tick_s: float = 1.0
+    # the server's own credentials ({NAME: value}, e.g. its token): redacted by workers, never in their env
+    secrets: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: GoalsConfig) -> WorkerConfig:
+        """What a worker process needs of the server's configuration (passed on its command line;
+        the secrets on its stdin)."""
+        return cls(
+            control_url=config.control_db_url,
+            state_dir=str(config.state_dir),
+            default_model=config.default_model,
+            capacity=config.max_concurrent_turns,
+            heartbeat_s=config.heartbeat_s,
+            lease_ttl_s=config.lease_ttl_s,
+            retry_base_s=config.retry_base_s,
+            trusted_tools=dict(config.trusted_tools or {}),
+            price_table=config.price_table,
+            tool_env_allow=list(config.tool_env_allow),
+            cancel_grace_s=config.cancel_grace_s,
+            safety_tick_s=config.safety_tick_s,
+            secrets=dict(config.secrets),
+        )
+
+
+# set by GoalsApp for the kernels the server starts; a worker (and so every tool) never needs them
+SERVER_ONLY_ENV = ("JUPYTER_GOALS_TOKEN", "JUPYTER_GOALS_SERVER_URL", "JUPYTER_TOKEN")
 
 
 class Supervisor:
@@ -55,8 +86,14 @@ class Supervisor:
             "--heartbeat-s", str(cfg.heartbeat_s), "--lease-ttl-s", str(cfg.lease_ttl_s),
             "--default-model", cfg.default_model, "--trusted-tools", json.dumps(cfg.trusted_tools),
             "--retry-base-s", str(cfg.retry_base_s), "--price-table", cfg.price_table,
+            "--tool-env-allow", json.dumps(cfg.tool_env_allow), "--secrets-on-stdin",
+            "--cancel-grace-s", str(cfg.cancel_grace_s), "--safety-tick-s", str(cfg.safety_tick_s),
         ]
-        proc = await asyncio.create_subprocess_exec(*args, env=dict(os.environ), stdin=asyncio.subprocess.DEVNULL)
+        env = {k: v for k, v in os.environ.items() if k not in SERVER_ONLY_ENV}
+        proc = await asyncio.create_subprocess_exec(*args, env=env, stdin=asyncio.subprocess.PIPE)
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(cfg.secrets).encode() + b"\n")
+        proc.stdin.close()  # the worker reads one line; a closed pipe is EOF for anything after it
         self.procs[worker_id] = proc
         log.info("started worker %s (pid %s)", worker_id, proc.pid)
         return worker_id, proc

@@ -16,20 +16,22 @@ import inspect
 import json
 import os
 import re
-import signal
 import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jupyter_goals.effect_files import (
+    clip,
+    shell_result_text,
+)
 from jupyter_goals.goals import tools as state_tools
 from jupyter_goals.goals.tools import StateImpl
 from jupyter_goals.identity import boot_id, process_start_time
 from jupyter_goals.models import Capability
 from jupyter_goals.runtime import subtasks
-
-MAX_OUTPUT = 20000
+from jupyter_goals.secrecy import tool_environment
 
 
 @dataclass
@@ -37,6 +39,8 @@ class ToolContext:
     cwd: str
     effects_root: Path
     effect_id: str
+    # the tool process's whole environment (secrecy.tool_environment); None = the base allow-list only
+    env: dict[str, str] | None = None
 
     @property
     def effect_dir(self) -> Path:
@@ -68,8 +72,10 @@ class ToolSpec:
         target: Any = self.state_impl or self.impl
         return f"{target.__module__}:{target.__qualname__}"
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
+        """The implementation's source hash, once per process (the code that runs is the code that
+        was imported; ``inspect.getsource`` per call was a tenth of a busy worker's time)."""
         try:
             source = inspect.getsource(self.state_impl or self.impl)
         except (OSError, TypeError):
@@ -92,16 +98,12 @@ def _path(ctx: ToolContext, p: str) -> Path:
     return path if path.is_absolute() else Path(ctx.cwd) / path
 
 
-def _clip(text: str) -> str:
-    return text if len(text) <= MAX_OUTPUT else text[:MAX_OUTPUT] + f"\n[… {len(text) - MAX_OUTPUT} more characters]"
-
-
 async def read_file(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     try:
         text = await asyncio.to_thread(_path(ctx, str(args.get("path", ""))).read_text, encoding="utf-8", errors="replace")
     except OSError as exc:
         return ToolResult(f"error: {exc}", ok=False)
-    return ToolResult(_clip(text))
+    return ToolResult(clip(text))
 
 
 async def list_dir(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
@@ -115,7 +117,7 @@ async def list_dir(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 async def glob(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     pattern = str(args.get("pattern", "*"))
     found = sorted(globlib.glob(pattern, root_dir=ctx.cwd, recursive=True))
-    return ToolResult(_clip("\n".join(found)))
+    return ToolResult(clip("\n".join(found)))
 
 
 async def grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
@@ -140,7 +142,7 @@ async def grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
                 continue
         return out
 
-    return ToolResult(_clip("\n".join(await asyncio.to_thread(scan))))
+    return ToolResult(clip("\n".join(await asyncio.to_thread(scan))))
 
 
 async def file_digest(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
@@ -189,44 +191,6 @@ async def edit_file(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 # --------------------------------------------------------------------------- shell (detached)
 
 
-def shell_result_text(effect_dir: Path) -> str | None:
-    """The real result of a finished shell command, from its files; None while it has not exited."""
-    exit_file = effect_dir / "exit"
-    if not exit_file.exists():
-        return None
-    code = exit_file.read_text().strip()
-    out = (effect_dir / "stdout").read_text(errors="replace") if (effect_dir / "stdout").exists() else ""
-    err = (effect_dir / "stderr").read_text(errors="replace") if (effect_dir / "stderr").exists() else ""
-    return _clip(f"exit status: {code}\nstdout:\n{out}\nstderr:\n{err}")
-
-
-def shell_process(effect_dir: Path) -> dict[str, Any] | None:
-    try:
-        return dict(json.loads((effect_dir / "proc.json").read_text()))
-    except (OSError, ValueError):
-        return None
-
-
-def shell_alive(effect_dir: Path) -> bool:
-    """True when the same process (pid and start time, this boot) that was spawned still runs."""
-    proc = shell_process(effect_dir)
-    if proc is None or proc.get("boot_id", boot_id()) != boot_id():
-        return False  # a process of an earlier boot is dead, whatever now runs under its pid
-    return process_start_time(int(proc["pid"])) == proc.get("start_time")
-
-
-async def wait_shell(effect_dir: Path, poll_s: float = 0.05) -> str | None:
-    """Wait for a (possibly foreign) shell process; the real result, or None if it died without one."""
-    while True:  # noqa: ASYNC110 - a foreign process has no event to await; poll its files
-        text = shell_result_text(effect_dir)
-        if text is not None:
-            return text
-        if not shell_alive(effect_dir):
-            await asyncio.sleep(0.2)  # the exit file is renamed into place just before the process ends
-            return shell_result_text(effect_dir)
-        await asyncio.sleep(poll_s)
-
-
 async def shell(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     """Run ``command`` detached (own session); output and exit status go to files in the effect dir."""
     d = ctx.effect_dir
@@ -237,8 +201,10 @@ async def shell(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         'read -r _; ( eval "$JG_COMMAND" ) > "$JG_DIR/stdout" 2> "$JG_DIR/stderr" < /dev/null; '
         'echo $? > "$JG_DIR/exit.tmp"; mv "$JG_DIR/exit.tmp" "$JG_DIR/exit"'
     )
-    env = dict(os.environ, JG_COMMAND=str(args.get("command", "")), JG_DIR=str(d))
-    env.pop("JUPYTER_GOALS_CRASH_AT", None)
+    base = ctx.env if ctx.env is not None else tool_environment(os.environ, (), ctx.cwd)
+    # JG_TOOL_EFFECT marks the process tree as a tool's: the REST layer refuses approvals and permission
+    # changes from it (server/callers.py)
+    env = {**base, "JG_COMMAND": str(args.get("command", "")), "JG_DIR": str(d), "JG_TOOL_EFFECT": ctx.effect_id}
     # Popen, not asyncio's subprocess transport: closing that transport kills a still-running child,
     # and this process must outlive a graceful worker exit to be reconnected. Spawning does not block.
     proc = subprocess.Popen(  # noqa: ASYNC220
@@ -258,17 +224,6 @@ async def shell(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     if text is None:
         return ToolResult(f"exit status: unknown (process ended with {proc.returncode} before writing its status)", ok=False)
     return ToolResult(text)
-
-
-def kill_shell(effect_dir: Path) -> bool:
-    proc = shell_process(effect_dir)
-    if proc is None or not shell_alive(effect_dir):
-        return False
-    try:
-        os.killpg(int(proc["pid"]), signal.SIGKILL)
-    except OSError:
-        return False
-    return True
 
 
 _P = {"type": "string"}

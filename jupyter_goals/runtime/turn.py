@@ -8,35 +8,44 @@ one. Commit order per call: ``dispatched`` before the side effect begins, the re
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from jupyter_goals import budget
+from jupyter_goals import budget, paid
+from jupyter_goals.effect_files import cancel_shell, cancelled_result_text, wait_shell
 from jupyter_goals.faults import crash_point
+from jupyter_goals.goals import acceptance as goal_acceptance
+from jupyter_goals.goals import hooks as goal_hooks
 from jupyter_goals.goals import lifecycle as goal_lifecycle
-from jupyter_goals.goals import steps as goal_steps
 from jupyter_goals.goals import tools as goal_tools
 from jupyter_goals.models import (
     Capability,
     EffectState,
     ItemKind,
     Phase,
+    ProviderMessage,
     ProviderRequest,
     ProviderResponse,
     Purpose,
     ReasonCode,
+    StepKind,
     TurnState,
-    Usage,
     WorkKind,
 )
 from jupyter_goals.prices import PriceTable
-from jupyter_goals.providers.base import ProviderError, ProviderUnavailable, resolve_provider
-from jupyter_goals.recovery.repair import repair_history
+from jupyter_goals.providers.catalog import named_from_env
+from jupyter_goals.recovery.repair import IncrementalHistory
+from jupyter_goals.runtime.drafts import DraftStream
 from jupyter_goals.runtime.permissions import CallFacts, check_call
+from jupyter_goals.runtime.steps import StepDecision, StepFacts, next_step
 from jupyter_goals.runtime.subtasks import CREATES_WORK
 from jupyter_goals.runtime.tools import (
     ToolContext,
@@ -45,13 +54,15 @@ from jupyter_goals.runtime.tools import (
     ToolSpec,
     trusted_probe,
     trusted_state_tool,
-    wait_shell,
 )
+from jupyter_goals.secrecy import Redactor, tool_environment
 from jupyter_goals.store import control as c
 from jupyter_goals.store import waits
 from jupyter_goals.store.db import Database, FencedError, Row, Tx
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+CANCEL_POLL_S = 0.2  # how often a running tool call checks for a stop or cancel (one indexed read)
 
 SYSTEM_PROMPT = (
     "You are an agent working inside Jupyter. Use the tools to act; results marked as unknown outcome"
@@ -59,9 +70,44 @@ SYSTEM_PROMPT = (
 )
 
 
+COMPACT_AT = 0.8  # compact when a request would fill this share of the model's context window
+COMPACTION_PROMPT = (
+    "You compact a long agent conversation. Write a faithful summary that lets the agent continue: the"
+    " user's requests and constraints verbatim where short, decisions made, files and commands touched with"
+    " their outcomes (say which outcomes are unknown), and what remains to do."
+)
+COMPACTION_REQUEST = "Summarize the conversation above for the agent that continues it."
+
+
+def context_window(model: str) -> int | None:
+    """The context window of a named model (``GoalsApp.models``, exported to workers); None: unknown,
+    never compacted."""
+    spec = named_from_env().get(model)
+    return spec.context_window if spec is not None else None
+
+
+class HistoryCache:
+    """A worker's incremental histories by session (least recently used dropped past ``capacity``).
+    Rebuilt from durable records whenever missing: after a restart, a drop, or an error."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = capacity
+        self._by_session: OrderedDict[str, IncrementalHistory] = OrderedDict()
+
+    def get(self, session_id: str) -> IncrementalHistory:
+        history = self._by_session.pop(session_id, None) or IncrementalHistory(SYSTEM_PROMPT)
+        self._by_session[session_id] = history
+        while len(self._by_session) > self.capacity:
+            self._by_session.popitem(last=False)
+        return history
+
+    def drop(self, session_id: str) -> None:
+        self._by_session.pop(session_id, None)
+
+
 @dataclass
 class Step:
-    kind: str  # stop | reattach | dispatch | approval | deliver | provider | finish
+    kind: StepKind
     effect: Row | None = None
     approval: Row | None = None
     detail: dict[str, Any] = field(default_factory=dict)
@@ -85,8 +131,19 @@ class TurnRunner:
         cwd: str,
         retry_base_s: float = 1.0,
         prices: PriceTable | None = None,
+        tool_env_allow: Sequence[str] = (),
+        redactor: Redactor | None = None,
+        cancel_grace_s: float = 5.0,
+        histories: HistoryCache | None = None,
     ) -> None:
+        # provider-ready histories by session, kept by the worker across steps and attempts
+        self.histories = histories if histories is not None else HistoryCache()
+        self.cancel_grace_s = cancel_grace_s  # SIGTERM → SIGKILL grace for a cancelled tool (GoalsApp.cancel_grace_s)
         self.cwd = cwd
+        # what a tool process may see beyond the base allow-list (GoalsApp.tool_env_allow)
+        self.tool_env_allow = list(tool_env_allow)
+        # credentials never reach the transcript or a provider, whatever a tool printed
+        self.redactor = redactor if redactor is not None else Redactor.from_environment()
         self.prices = prices  # quotes each settled request for the hard-budget checks
         self.db = db
         self.attempt = attempt
@@ -105,20 +162,21 @@ class TurnRunner:
         try:
             while True:
                 step = await self.db.run(self._next_step)
-                if step.kind in ("stop", "approval", "finish"):
+                if step.kind in (StepKind.STOP, StepKind.APPROVAL, StepKind.FINISH):
                     return
-                if step.kind == "reattach":
+                if step.kind == StepKind.REATTACH:
                     assert step.effect is not None
                     await self._reattach(step.effect)
-                elif step.kind == "dispatch":
+                elif step.kind == StepKind.DISPATCH:
                     assert step.effect is not None
-                    await self._dispatch(step.effect, step.approval)
-                elif step.kind == "deliver":
+                    if not await self._dispatch(step.effect, step.approval):
+                        return
+                elif step.kind == StepKind.DELIVER:
                     await self._deliver()
-                elif step.kind == "provider":
+                elif step.kind == StepKind.PROVIDER:
                     if not await self._provider_step():
                         return
-                elif step.kind in ("requirements", "verify") and not await self._goal_step(step.kind):
+                elif step.kind in (StepKind.REQUIREMENTS, StepKind.VERIFY) and not await self._goal_step(step.kind):
                     return
         except FencedError as exc:
             log.info("attempt %s fenced: %s", self.aid, exc)
@@ -127,46 +185,57 @@ class TurnRunner:
     def _next_step(self, tx: Tx) -> Step:
         c.fence(tx, self.aid, self.gen)
         work = c.get_work(tx, self.attempt["work_id"])
-        if work["desired_state"] != "run" or int(work["control_version"]) != int(self.attempt["control_version"]):
-            self._yield_to_control(tx, work)
-            return Step("stop")
+        facts = self._step_facts(tx, work)
+        return self._apply(tx, work, facts, next_step(facts))
+
+    def _step_facts(self, tx: Tx, work: Row) -> StepFacts:
+        """Everything ``next_step`` may read, from indexed reads of the attempt's transaction (a turn's
+        settled calls and its older items are never read: a step costs the same in a long session)."""
+        if not self._runnable(work):
+            return StepFacts(runnable=False)
         turn_id = self.attempt["turn_id"]
-        effects = c.effects_of_turn(tx, turn_id)
-        for eff in effects:
-            if eff["state"] == EffectState.DISPATCHED:
-                return Step("reattach", effect=eff)
-        for eff in effects:
-            if eff["state"] == EffectState.PLANNED:
-                if trusted_state_tool(self.registry.get(eff["tool"]), eff) and eff["tool"] not in CREATES_WORK \
-                        and goal_tools.runs_freely(tx, eff["tool"], work["work_id"]):
-                    return Step("dispatch", effect=eff)  # Goal-ledger writes, committed with their record
-                return self._permission_step(tx, work, eff)
-        if waits.open_wait_count(tx, work["work_id"]):  # a durable wait: no idle model turns until notified
+        effects = c.open_effects_of_turn(tx, turn_id)
+        dispatched = next((e for e in effects if e["state"] == EffectState.DISPATCHED), None)
+        planned = next((e for e in effects if e["state"] == EffectState.PLANNED), None)
+        last = c.last_item_of_turn(tx, turn_id)
+        return StepFacts(
+            runnable=True,
+            dispatched=dispatched,
+            planned=planned,
+            # Goal-ledger writes run at once, committed with their record
+            planned_runs_freely=planned is not None and trusted_state_tool(self.registry.get(planned["tool"]), planned)
+            and planned["tool"] not in CREATES_WORK and goal_tools.runs_freely(tx, planned["tool"], work["work_id"]),
+            open_waits=bool(waits.open_wait_count(tx, work["work_id"])),
+            ready_waits=bool(waits.waits_of(tx, work["work_id"], "ready")),
+            steer=tuple(c.pending_steer(tx, work["work_id"])),
+            goal_step=goal_hooks.pending_step(tx, work) if goal_hooks.is_goal_work(work) else None,
+            last_kind=last["kind"] if last is not None else None,
+            last_has_calls=last is not None and last["kind"] == ItemKind.ASSISTANT
+            and c.response_has_calls(tx, last["response_id"]),
+        )
+
+    def _apply(self, tx: Tx, work: Row, facts: StepFacts, d: StepDecision) -> Step:
+        """Do what the decision says in the same transaction; the step the loop runs next."""
+        turn_id = self.attempt["turn_id"]
+        if d.consume_steer:
+            for m in facts.steer:
+                c.append_item(tx, work["session_id"], ItemKind.USER, "user", m["text"], work_id=work["work_id"],
+                              turn_id=turn_id, item_id=f"steer:{m['message_id']}")
+                c.consume_message(tx, m["message_id"])
+        if d.wait_for_subtasks:  # a durable wait: no idle model turns until notified
             waits.observe(tx, work)
             c.end_attempt(tx, self.attempt, "awaiting_subtask")
             c.set_phase(tx, work, Phase.WAITING, ReasonCode.AWAITING_SUBTASK)
-            return Step("stop")
-        if waits.waits_of(tx, work["work_id"], "ready"):
-            return Step("deliver")
-        steer = c.pending_steer(tx, work["work_id"])
-        for m in steer:
-            c.append_item(tx, work["session_id"], ItemKind.USER, "user", m["text"], work_id=work["work_id"],
-                          turn_id=turn_id, item_id=f"steer:{m['message_id']}")
-            tx.execute("UPDATE messages SET consumed = 1 WHERE message_id = ?", (m["message_id"],))
-        goal_step = goal_steps.next_step(tx, work, self.attempt) if goal_steps.is_goal_work(work) else None
-        if goal_step is not None:
-            return Step("stop" if goal_step == "wait" else goal_step)
-        last = tx.one(
-            "SELECT kind, response_id FROM transcript WHERE turn_id = ? ORDER BY seq DESC LIMIT 1", (turn_id,)
-        )
-        if not steer and last is not None and last["kind"] == ItemKind.ASSISTANT:
-            has_calls = tx.one(
-                "SELECT item_id FROM transcript WHERE response_id = ? AND kind = 'tool_call'", (last["response_id"],)
-            )
-            if has_calls is None:
-                self._finish(tx, work, turn_id)
-                return Step("finish")
-        return Step("provider")
+        elif d.wait_for_clarification:
+            goal_hooks.wait_for_clarification(tx, self.attempt, work)
+        elif d.kind == StepKind.STOP:
+            self._yield_to_control(tx, work)
+        elif d.kind == StepKind.DISPATCH and d.check_permission:
+            assert d.effect is not None
+            return self._permission_step(tx, work, d.effect)
+        elif d.kind == StepKind.FINISH:
+            self._finish(tx, work, turn_id)
+        return Step(d.kind, effect=d.effect)
 
     def _yield_to_control(self, tx: Tx, work: Row) -> None:
         c.end_attempt(tx, self.attempt, "control")
@@ -178,21 +247,16 @@ class TurnRunner:
             c.set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
 
     def _finish(self, tx: Tx, work: Row, turn_id: str) -> None:
-        if goal_steps.is_goal_work(work):  # a Goal goes on turn after turn: the turn-completion check decides
-            goal_steps.after_turn(tx, self.attempt, work, turn_id)
+        if goal_hooks.is_goal_work(work):  # a Goal goes on turn after turn: the turn-completion check decides
+            goal_hooks.after_turn(tx, self.attempt, work, turn_id)
             return
         c.end_turn(tx, work, turn_id, TurnState.COMMITTED, "completed")
         c.end_attempt(tx, self.attempt, "completed")
         # an ordinary request continues only until it finishes
-        tx.execute(
-            "UPDATE work_items SET desired_state = 'done', recovery_attempts = 0 WHERE work_id = ?", (work["work_id"],)
-        )
-        work["desired_state"] = "done"
+        c.finish_work(tx, work, reset_deaths=True)
         c.set_phase(tx, work, Phase.DONE, ReasonCode.COMPLETED)
         if work["kind"] in (WorkKind.JOB, WorkKind.SUBTASK):  # its result is durable; its waiters are notified
-            reply = tx.one("SELECT content FROM transcript WHERE turn_id = ? AND kind = 'assistant' ORDER BY seq DESC"
-                           " LIMIT 1", (turn_id,))
-            waits.save_result(tx, work, "completed", reply["content"] if reply else "")
+            waits.save_result(tx, work, "completed", c.last_reply(tx, turn_id) or "")
 
     def _permission_step(self, tx: Tx, work: Row, eff: Row) -> Step:
         """Run, wait for an approval, or reject: ``check_call`` decides from the effect's saved
@@ -202,7 +266,7 @@ class TurnRunner:
         """
         spec = self.registry.get(eff["tool"])
         if spec is None:
-            return Step("dispatch", effect=eff)  # fails as unknown tool, recorded as a result
+            return Step(StepKind.DISPATCH, effect=eff)  # fails as unknown tool, recorded as a result
         facts = CallFacts(
             tool=eff["tool"],
             arguments=eff["arguments"],
@@ -210,33 +274,33 @@ class TurnRunner:
             trusted_probe=spec.identity == eff["impl_identity"] and trusted_probe(eff["impl_identity"], eff["impl_digest"]),
         )
         if facts.trusted_probe:
-            return Step("dispatch", effect=eff)  # built-in reads and probes run whatever else is known
+            return Step(StepKind.DISPATCH, effect=eff)  # built-in reads and probes run whatever else is known
         try:
             unknown = c.unknown_effect_set(tx, work["work_id"])
         except Exception as exc:  # the recovery state cannot be read: reject the call, never dispatch it
             self._reject_unreadable(tx, work, eff, exc)
-            return Step("stop")
+            return Step(StepKind.STOP)
         verdict = check_call(facts, json.loads(work["permission_scope"]), self.cwd, unknown)
         if verdict.run:
-            return Step("dispatch", effect=eff)
+            return Step(StepKind.DISPATCH, effect=eff)
         unknown_digest = c.unknown_set_digest(unknown)
         approval = c.approval_for_call(tx, eff["call_id"])
         if approval is not None and approval["arguments_digest"] == c.digest(eff["arguments"]):
             if approval["unknown_set_digest"] == unknown_digest:
                 if approval["state"] == "approved":
-                    return Step("dispatch", effect=eff, approval=approval)
+                    return Step(StepKind.DISPATCH, effect=eff, approval=approval)
                 if approval["state"] == "denied":
                     self._deny(tx, work, eff)
                     return self._next_step(tx)
                 if approval["state"] == "pending":
                     self._wait_for_approval(tx, work)
-                    return Step("approval")
+                    return Step(StepKind.APPROVAL)
             elif approval["state"] in ("pending", "approved"):
                 c.supersede_approval(tx, approval, "Withdrawn because the set of calls with an unknown outcome changed;"
                                      " a fresh approval is asked.")
         c.request_approval(tx, work, eff, unknown, verdict.reason)
         self._wait_for_approval(tx, work)
-        return Step("approval")
+        return Step(StepKind.APPROVAL)
 
     def _reject_unreadable(self, tx: Tx, work: Row, eff: Row, exc: Exception) -> None:
         log.error("attempt %s: unknown-effect records unreadable; rejecting %s: %s", self.aid, eff["call_id"], exc)
@@ -271,64 +335,135 @@ class TurnRunner:
         crash_point("child.after_delivery")
 
     # ------------------------------------------------------------------ tools
-    def _spec_and_ctx(self, eff: Row) -> tuple[ToolSpec | None, ToolContext]:
+    def _spec_and_ctx(self, eff: Row, env_allow: Sequence[str] = ()) -> tuple[ToolSpec | None, ToolContext]:
+        env = tool_environment(os.environ, [*self.tool_env_allow, *env_allow], self.cwd)
         return self.registry.get(eff["tool"]), ToolContext(
-            cwd=self.cwd, effects_root=self.effects_root, effect_id=eff["effect_id"]
+            cwd=self.cwd, effects_root=self.effects_root, effect_id=eff["effect_id"], env=env
         )
 
-    async def _dispatch(self, eff: Row, approval: Row | None) -> None:
+    def _runnable(self, work: Row) -> bool:
+        """The work still wants to run at the control version this attempt was admitted under."""
+        return work["desired_state"] == "run" and int(work["control_version"]) == int(self.attempt["control_version"])
+
+    def _controlled(self, tx: Tx, work: Row) -> bool:
+        """A pause, stop or other control committed since this step was chosen (another process may
+        commit one between two of our transactions): the attempt yields and nothing new starts."""
+        if not self._runnable(work):
+            self._yield_to_control(tx, work)
+            return True
+        return False
+
+    async def _dispatch(self, eff: Row, approval: Row | None) -> bool:
+        """Run one call; False when a control committed in the meantime ended the attempt first."""
         spec, ctx = self._spec_and_ctx(eff)
         crash_point("tool.before_dispatch")
         if spec is not None and spec.state_impl is not None and trusted_state_tool(spec, eff):
             impl = spec.state_impl
 
-            def state_tool(tx: Tx) -> None:
+            def state_tool(tx: Tx) -> bool:
                 c.fence(tx, self.aid, self.gen)
                 work = c.get_work(tx, eff["work_id"])
+                if self._controlled(tx, work):
+                    return False
                 goal_tools.commit_state_tool(tx, impl, work, eff, self.aid, work["host_name"], approval)
+                return True
 
-            await self.db.run(state_tool)
-            return
+            return await self.db.run(state_tool)
 
-        def dispatched(tx: Tx) -> None:
+        def dispatched(tx: Tx) -> list[str] | None:
             c.fence(tx, self.aid, self.gen)
-            n = tx.execute(
-                "UPDATE effects SET state = 'dispatched', dispatched_at = ?, attempt_id = ? WHERE effect_id = ?"
-                " AND state = 'planned'",
-                (time.time(), self.aid, eff["effect_id"]),
-            )
-            if n != 1:
-                raise FencedError(f"effect {eff['call_id']} is no longer planned")
-            if approval is not None:
-                used = tx.execute(
-                    "UPDATE approvals SET state = 'consumed', consumed_by_attempt = ? WHERE approval_id = ?"
-                    " AND state = 'approved'",
-                    (self.aid, approval["approval_id"]),
-                )
-                if used != 1:
-                    raise FencedError(f"approval {approval['approval_id']} was already consumed")
+            work = c.get_work(tx, eff["work_id"])
+            if self._controlled(tx, work):
+                return None
+            c.mark_dispatched(tx, eff, self.aid, approval)
             c.emit(tx, "effect.state", {"call_id": eff["call_id"], "tool": eff["tool"], "state": "dispatched"},
                    session_id=eff["session_id"], work_id=eff["work_id"])
+            scope = json.loads(work["permission_scope"] or "{}")
+            return [str(name) for name in scope.get("env_allow") or []]
 
-        await self.db.run(dispatched)
+        # the session's own env_allow is read with the dispatch, so a permission change applies to the next call
+        env_allow = await self.db.run(dispatched)
+        if env_allow is None:
+            return False
+        _, ctx = self._spec_and_ctx(eff, env_allow)
         if spec is None:
             result = ToolResult(f"error: unknown tool {eff['tool']!r}", ok=False)
+        elif eff["tool"] == "shell":
+            self.awaiting_process = True
+            try:
+                shell_result, cancelled = await self._cancellable(eff, spec.impl(ctx, eff["arguments"]))
+            except Exception as exc:  # a tool's failure is its result, not the loop's
+                shell_result, cancelled = ToolResult(f"error: {type(exc).__name__}: {exc}", ok=False), None
+            self.awaiting_process = False
+            if shell_result is None:
+                await self._commit_cancelled(eff, cancelled or "")
+                return True
+            result = shell_result
         else:
             try:
-                self.awaiting_process = eff["tool"] == "shell"
                 result = await spec.impl(ctx, eff["arguments"])
-                self.awaiting_process = False
             except Exception as exc:  # a tool's failure is its result, not the loop's
                 result = ToolResult(f"error: {type(exc).__name__}: {exc}", ok=False)
         if eff["tool"] != "shell":
             crash_point("tool.after_dispatch")
         await self._commit_result(eff, result.content, EffectState.COMMITTED)
+        return True
+
+    async def _cancellable(self, eff: Row, waiting: Awaitable[T]) -> tuple[T | None, str | None]:
+        """Wait for a running shell call while watching for a stop of its work or a cancel of the call
+        (a durable read every ``CANCEL_POLL_S``). On one, its process group gets SIGTERM, then SIGKILL
+        after ``cancel_grace_s``; answers (result, None) or (None, text of the cancelled result)."""
+        task: asyncio.Future[T] = asyncio.ensure_future(waiting)
+        watch: asyncio.Future[str] = asyncio.ensure_future(self._cancel_cause(eff["effect_id"]))
+        try:
+            both: set[asyncio.Future[Any]] = {task, watch}
+            await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result(), None
+            cause = watch.result()
+            effect_dir = self.effects_root / eff["effect_id"]
+            signalled = await cancel_shell(effect_dir, self.cancel_grace_s)
+            try:
+                await task  # returns once the process has ended
+            except Exception as exc:  # noqa: BLE001 - the cancelled call's own error changes nothing
+                log.info("cancelled call %s ended with %s", eff["call_id"], exc)
+            return None, cancelled_result_text(effect_dir, cause, signalled)
+        finally:
+            for f in (task, watch):
+                if not f.done():
+                    f.cancel()
+
+    async def _unless_stopped(self, waiting: Awaitable[T]) -> T:
+        """Await a model request, closing it at once (``StoppedByPerson``) when its work is stopped."""
+        return await paid.unless_stopped(self.db, self.attempt["work_id"], waiting)
+
+    async def _cancel_cause(self, effect_id: str) -> str:
+        while True:
+            cause = await self.db.run(lambda tx: c.cancel_cause(tx, effect_id), write=False)
+            if cause is not None:
+                return cause
+            await asyncio.sleep(CANCEL_POLL_S)
+
+    async def _commit_cancelled(self, eff: Row, content: str) -> None:
+        clean = self.redactor(content)
+
+        def commit(tx: Tx) -> None:
+            c.fence(tx, self.aid, self.gen)
+            c.commit_cancelled(tx, eff, clean)
+
+        await self.db.run(commit)
 
     async def _reattach(self, eff: Row) -> None:
         """A dispatched call from an earlier attempt: reconnect its live process, never start it again."""
         effect_dir = self.state_dir / "effects" / eff["effect_id"]
         self.awaiting_process = eff["tool"] == "shell"
-        text = await wait_shell(effect_dir) if eff["tool"] == "shell" else None
+        text: str | None = None
+        if eff["tool"] == "shell":
+            text, cancelled = await self._cancellable(eff, wait_shell(effect_dir))
+            if cancelled is not None:
+                self.awaiting_process = False
+                await self._commit_cancelled(eff, cancelled)
+                return
         self.awaiting_process = False
         if text is None:
             await self._commit_result(eff, "", EffectState.UNKNOWN)
@@ -336,67 +471,95 @@ class TurnRunner:
             await self._commit_result(eff, text, EffectState.COMMITTED)
 
     async def _commit_result(self, eff: Row, content: str, state: EffectState) -> None:
+        """Commits the result with credentials replaced by ``[redacted: NAME]``; the result item's
+        ``meta.redacted`` names what was hidden."""
         crash_point("tool.before_result_commit")
+        clean = self.redactor.redact(content)
+        meta = {"redacted": list(clean.names)} if clean.names else None
 
         def commit(tx: Tx) -> None:
             c.fence(tx, self.aid, self.gen)
-            c.set_effect_state(tx, eff, state, content)
-            c.append_item(tx, eff["session_id"], ItemKind.TOOL_RESULT, "tool", content, item_id=f"result:{eff['call_id']}",
-                          work_id=eff["work_id"], turn_id=eff["turn_id"], call_id=eff["call_id"], tool=eff["tool"],
-                          state=str(state))
+            c.set_effect_state(tx, eff, state, clean.text)
+            c.append_item(tx, eff["session_id"], ItemKind.TOOL_RESULT, "tool", clean.text,
+                          item_id=f"result:{eff['call_id']}", work_id=eff["work_id"], turn_id=eff["turn_id"],
+                          call_id=eff["call_id"], tool=eff["tool"], state=str(state), meta=meta)
 
         await self.db.run(commit)
         crash_point("tool.after_result_commit")
 
     # ------------------------------------------------------------------ goal steps
-    async def _goal_step(self, kind: str) -> bool:
-        """Requirements extraction or acceptance (goals/steps.py); False when the attempt ended."""
+    async def _goal_step(self, kind: StepKind) -> bool:
+        """Requirements extraction or acceptance (goals/acceptance.py); False when the attempt ended."""
         read_tools = {name: spec for name, spec in self.registry.tools.items()
                       if spec.capability in (Capability.READ_ONLY, Capability.STATE_PROBE)
                       and trusted_probe(spec.identity, spec.digest)}
 
         async def run_read_tool(name: str, args: dict[str, Any]) -> str:
             ctx = ToolContext(cwd=self.cwd, effects_root=self.effects_root, effect_id="acceptance")
-            return (await read_tools[name].impl(ctx, args)).content
+            return self.redactor((await read_tools[name].impl(ctx, args)).content)
 
-        ctx = goal_steps.StepContext(self.db, self.attempt, self.gen, self.cwd, self.default_model,
-                                     [s.schema() for s in read_tools.values()], run_read_tool, self.prices)
+        ctx = goal_acceptance.StepContext(self.db, self.attempt, self.gen, self.cwd, self.default_model,
+                                     [s.schema() for s in read_tools.values()], run_read_tool, self.prices,
+                                     watch_stop=self._unless_stopped, redact=self.redactor)
         try:
-            if kind == "requirements":
-                await goal_steps.extract_requirements(ctx)
+            if kind == StepKind.REQUIREMENTS:
+                await goal_acceptance.extract_requirements(ctx)
                 return True
-            return await goal_steps.verify(ctx)
-        except goal_steps.StepProviderFault as exc:
+            return await goal_acceptance.verify(ctx)
+        except goal_acceptance.StepProviderFault as exc:
             fault = exc
         except budget.BudgetHeld as held:
             problem = held.problem
             await self.db.run(lambda tx: self._budget_held(tx, problem))
             return False
-        await self.db.run(lambda tx: self._provider_failed(tx, fault.request_id, fault.error, fault.code, fault.status))
+        except paid.StoppedByPerson:  # the request was settled; the attempt yields to the stop
+
+            def stopped(tx: Tx) -> None:
+                c.fence(tx, self.aid, self.gen)
+                self._yield_to_control(tx, c.get_work(tx, self.attempt["work_id"]))
+
+            await self.db.run(stopped)
+            return False
+        await self.db.run(lambda tx: self._provider_failed(tx, fault.request_id, fault.error, fault.code, fault.status,
+                                                           fault.retry_after_s))
         return False
 
     # ------------------------------------------------------------------ provider
     async def _provider_step(self) -> bool:
+        compacts: list[int] = []  # the seq a compaction request covers (empty: a work request)
+
         def prepare(tx: Tx) -> tuple[ProviderRequest, Row, Row]:
             c.fence(tx, self.aid, self.gen)
             work = c.get_work(tx, self.attempt["work_id"])
             session = c.get_session(tx, work["session_id"])
-            items = c.transcript(tx, work["session_id"])
-            request_id = c.new_id("req")
             model = session["model"] or self.default_model
+            # only the items committed since the last step are read and re-projected (issue 14)
+            history = self.histories.get(work["session_id"])
+            try:
+                messages = history.update(c.transcript(tx, work["session_id"], after=history.last_seq))
+            except Exception:
+                self.histories.drop(work["session_id"])  # rebuilt from durable records next time
+                raise
+            purpose, tools = Purpose.WORK, self.registry.schemas()
+            window = context_window(model)
+            cover = history.compactable() if window and history.tokens > window * COMPACT_AT else None
+            if cover is not None:  # compact older history into a durable summary before the next work request
+                up_to, older = cover
+                compacts[:] = [up_to]
+                purpose, tools = Purpose.COMPACTION, []
+                messages = [ProviderMessage(role="system", content=COMPACTION_PROMPT), *older,
+                            ProviderMessage(role="user", content=COMPACTION_REQUEST)]
             goal = goal_lifecycle.attribute(tx, work)  # goal_id + revision fixed before dispatch
             # the Goal's hard budget (a Job's or subtask's too) is rechecked before every request;
             # BudgetHeld leaves nothing recorded and nothing sent
             governing = goal or budget.governing_goal(tx, work)
-            held = budget.admit_request(tx, governing, model, self.prices)
-            c.record_request(tx, work, request_id=request_id, attempt_id=self.aid, turn_id=self.attempt["turn_id"],
-                             purpose=Purpose.WORK.value, model=model, reserved_usd=held.usd,
-                             reserved_tokens=held.tokens, reservation_ttl_s=budget.RESERVATION_TTL_S)
+            request_id, _ = paid.reserve(tx, work, governing=governing, model=model, purpose=purpose,
+                                         attempt_id=self.aid, turn_id=self.attempt["turn_id"], prices=self.prices)
             req = ProviderRequest(
                 request_id=request_id,
-                purpose=Purpose.WORK,
-                messages=repair_history(items, SYSTEM_PROMPT),
-                tools=self.registry.schemas(),
+                purpose=purpose,
+                messages=messages,
+                tools=tools,
                 goal_objective=goal["objective"] if goal else None,
                 max_output_tokens=budget.goal_budget(governing).get("max_output_tokens_per_request") if governing else None,
             )
@@ -411,42 +574,48 @@ class TurnRunner:
         model = session["model"] or self.default_model
         reserved_until = time.time() + budget.RESERVATION_TTL_S
         crash_point("provider.before_request")
-        watermark: list[Usage] = []  # the last cumulative usage snapshot of this request (replaced, never summed)
+        # a work answer streams to open views as drafts (events, not the ledger); a summary does not
+        drafts = (DraftStream(self.db, work["session_id"], work["work_id"], request.request_id)
+                  if request.purpose == Purpose.WORK else None)
+        outcome = await paid.call(request, model, reserved_until=reserved_until, watch_stop=self._unless_stopped,
+                                  redact=self.redactor, on_chunk=drafts)
+        if outcome.stopped:
 
-        def on_usage(usage: Usage) -> None:
-            watermark[:] = [usage]
+            def stopped(tx: Tx) -> None:
+                c.fence(tx, self.aid, self.gen)
+                paid.settle(tx, request.request_id, outcome, self.prices)
+                self._yield_to_control(tx, c.get_work(tx, self.attempt["work_id"]))
 
-        answered = True  # the provider answered (an HTTP error, or nothing sent at all): nothing consumed
-        expired = time.time() > reserved_until  # an expired unstarted reservation cannot dispatch
-        try:
-            if expired:
-                raise ProviderError("the budget reservation expired before the request was sent", retryable=True)
-            provider = resolve_provider(model)
-            response = await provider.complete(request, on_usage=on_usage)
-        except ProviderUnavailable as unavailable:
-            error, code, status = str(unavailable), unavailable.reason_code, None
-        except ProviderError as fault:
-            error, status, answered = str(fault), fault.status, fault.status is not None or expired
-            code = ReasonCode.PROVIDER_RETRYING if fault.retryable else ReasonCode.PROVIDER_FAILED
-        else:
-            error = ""
-        if error:
-            used = watermark[0] if watermark else (Usage(input_tokens=0, output_tokens=0) if answered else None)
+            await self.db.run(stopped)
+            return False
+        if (fault := outcome.failure) is not None:
 
             def failed(tx: Tx) -> None:
-                if used is None:
-                    c.lose_request(tx, request.request_id, error)
-                else:  # a stream lost after a usage snapshot consumed at least that much: a lower bound
-                    c.settle_request(tx, request.request_id, used.model_dump(), error=error, partial=bool(watermark),
-                                     prices=self.prices)
-                self._provider_failed(tx, request.request_id, error, code, status)
+                paid.settle(tx, request.request_id, outcome, self.prices)
+                self._provider_failed(tx, request.request_id, fault.error, fault.code, fault.status,
+                                      fault.retry_after_s)
 
             await self.db.run(failed)
             return False
+        response = outcome.response
+        assert response is not None
         crash_point("provider.after_response")
-        await self.db.run(lambda tx: self._commit_response(tx, work, request, response, model))
+        if compacts:
+            await self.db.run(lambda tx: self._commit_compaction(tx, work, request, response, compacts[0]))
+        else:
+            await self.db.run(lambda tx: self._commit_response(tx, work, request, response, model))
         crash_point("provider.after_commit")
         return True
+
+    def _commit_compaction(self, tx: Tx, work: Row, request: ProviderRequest, response: ProviderResponse,
+                           up_to: int) -> None:
+        """The summary item (stable id per covered seq: a repeated compaction adds nothing) and the
+        request's receipt, together. Requests then carry the summary instead of what it covers."""
+        c.fence(tx, self.aid, self.gen)
+        c.append_item(tx, work["session_id"], ItemKind.COMPACTION, "system", response.text,
+                      item_id=f"compaction:{work['session_id']}:{up_to}", work_id=work["work_id"],
+                      turn_id=self.attempt["turn_id"], meta={"up_to_seq": up_to, "request_id": request.request_id})
+        paid.settle_answer(tx, request.request_id, response, self.prices)
 
     def _budget_held(self, tx: Tx, problem: budget.Problem) -> None:
         """No paid request may start: end the attempt before anything is recorded or sent; the work
@@ -456,19 +625,21 @@ class TurnRunner:
         c.end_attempt(tx, self.attempt, f"budget: {problem.code}")
         budget.hold(tx, work, problem)
 
-    def _provider_failed(self, tx: Tx, request_id: str, error: str, code: ReasonCode, status: int | None) -> None:
+    def _provider_failed(self, tx: Tx, request_id: str, error: str, code: ReasonCode, status: int | None,
+                         retry_after_s: float | None = None) -> None:
         c.fence(tx, self.aid, self.gen)
         work = c.get_work(tx, self.attempt["work_id"])
         c.end_attempt(tx, self.attempt, f"provider: {error}"[:200])
         if code == ReasonCode.PROVIDER_RETRYING:
-            failures = int(tx.scalar(
-                "SELECT COUNT(*) AS n FROM requests WHERE turn_id = ? AND state IN ('failed', 'lost')",
-                (self.attempt["turn_id"],)
-            ) or 1)
-            delay = retry_delay(failures, self.retry_base_s)
-            tx.execute("UPDATE work_items SET next_attempt_at = ? WHERE work_id = ?", (time.time() + delay, work["work_id"]))
+            failures = c.failed_request_count(tx, self.attempt["turn_id"]) or 1
+            delay = max(retry_delay(failures, self.retry_base_s), retry_after_s or 0.0)
+            c.set_retry_at(tx, work["work_id"], time.time() + delay)
             c.set_phase(tx, work, Phase.WAITING, code,
                         f"The model provider had a temporary fault ({status or 'connection lost'}); retry {failures} in {delay:.1f} s.")
+        elif code in (ReasonCode.RESOURCE_MISSING_CREDENTIALS, ReasonCode.RESOURCE_MISSING_MODEL):
+            # e.g. a key file being rewritten: wait like the Coordinator's check does, which admits
+            # the work again by itself once the key (or model) is back
+            c.set_phase(tx, work, Phase.WAITING, code, error)
         else:
             c.set_phase(tx, work, Phase.FAILED, code, f"The model provider failed: {error}")
         c.bump_commit_point(tx, work["work_id"])
@@ -481,7 +652,6 @@ class TurnRunner:
         response_id = f"resp:{request.request_id}"
         c.append_item(tx, work["session_id"], ItemKind.ASSISTANT, "assistant", response.text, item_id=response_id,
                       work_id=work["work_id"], turn_id=turn_id, response_id=response_id, meta={"provider_response_id": rid})
-        now = time.time()
         for i, call in enumerate(response.tool_calls):
             call_id = f"{request.request_id}:{i}"
             spec = self.registry.get(call.name)
@@ -489,13 +659,8 @@ class TurnRunner:
                                 work_id=work["work_id"], turn_id=turn_id, call_id=call_id, provider_call_id=call.id,
                                 response_id=response_id, tool=call.name, arguments=call.arguments)
             assert seq is not None  # a new call id
-            tx.execute(
-                "INSERT INTO effects (effect_id, call_id, work_id, turn_id, session_id, tool, arguments, capability,"
-                " impl_identity, impl_digest, state, created_at, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned', ?, ?)",
-                (c.new_id("eff"), call_id, work["work_id"], turn_id, work["session_id"], call.name, c.dumps(call.arguments),
-                 str(spec.capability if spec else Capability.UNKNOWN), spec.identity if spec else "",
-                 spec.digest if spec else "", now, seq),
-            )
-        c.settle_request(tx, request.request_id, response.usage.model_dump() if response.usage else None,
-                         prices=self.prices)
-        tx.execute("UPDATE work_items SET next_attempt_at = 0 WHERE work_id = ?", (work["work_id"],))
+            c.plan_call(tx, work, turn_id, call_id, call.name, call.arguments,
+                        capability=str(spec.capability if spec else Capability.UNKNOWN),
+                        impl_identity=spec.identity if spec else "", impl_digest=spec.digest if spec else "", seq=seq)
+        paid.settle_answer(tx, request.request_id, response, self.prices)
+        c.set_retry_at(tx, work["work_id"], 0)

@@ -10,10 +10,13 @@ from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Dict, Float, Int, Unicode, default
+from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 
+from jupyter_goals.config import GoalsConfig
 from jupyter_goals.server.handlers import handlers
-from jupyter_goals.server.service import GoalsService, ServiceConfig
+from jupyter_goals.server.service import GoalsService
+
+CONTENTS_EVENTS = "https://events.jupyter.org/jupyter_server/contents_service/v1"
 
 
 def demo_model() -> str:
@@ -35,12 +38,28 @@ class GoalsApp(ExtensionApp):
     auto_recover = Bool(True, help="Continue interrupted work automatically after a restart.").tag(config=True)
     allow_cross_host_takeover = Bool(False, help="Take over work whose owner on another host stopped heartbeating.").tag(config=True)
     reconcile_interval_s = Float(5.0, help="The Coordinator's periodic full reconcile tick in seconds.").tag(config=True)
+    safety_tick_s = Float(1.0, help="Without a wake-up, the admission loop and each worker still look for due"
+                          " work this often (reads only when nothing changed); commits that create work"
+                          " wake them at once.").tag(config=True)
     price_table = Unicode("", help="Path of a price table (JSON).").tag(config=True)
     trusted_tools = Dict(help="Extra tools by implementation identity: {name: {impl: 'module:qualname', capability}}.").tag(config=True)
     max_recovery_attempts = Int(5, help="Recoveries allowed in a row after executor deaths charged to a work item; the next death fails it.").tag(config=True)
     recovery_backoff_s = Float(1.0, help="Base of the growing backoff between repeated recoveries.").tag(config=True)
     provider_retry_base_s = Float(1.0, help="Base of the durable backoff after a temporary provider fault.").tag(config=True)
     shutdown_timeout_s = Float(10.0, help="Bound on graceful shutdown.").tag(config=True)
+    models = Dict(help="Named models: {name: {provider: scripted|openai|anthropic, model, base_url?, api_key_env?,"
+                  " context_window?, max_output_tokens?, description?}}; listed by GET /api/goals/models.").tag(config=True)
+    cancel_grace_s = Float(5.0, help="Stop / cancel: SIGTERM to a running tool's process group, SIGKILL after this many seconds.").tag(config=True)
+    max_request_bytes = Int(8 * 1024 * 1024, help="Largest REST request body in bytes; a larger one is refused"
+                            " (413 request_too_large) before it is parsed.").tag(config=True)
+    max_message_chars = Int(1_000_000, help="Longest text in a REST request (a message, a Job's input, a Goal's"
+                            " objective or requirement, a title) in characters; a longer one is refused"
+                            " (413 text_too_large) and nothing is saved.").tag(config=True)
+    tool_env_allow = List(
+        Unicode(),
+        help="Environment variables a tool process may see beyond PATH, HOME, LANG, TERM, … (names or globs; "
+        "a secret-looking name such as *TOKEN*, *KEY*, *SECRET*, *PASSWORD* passes only when named exactly).",
+    ).tag(config=True)
 
     @default("state_dir")
     def _default_state_dir(self) -> str:
@@ -50,9 +69,9 @@ class GoalsApp(ExtensionApp):
     def _default_model(self) -> str:
         return demo_model()
 
-    def service_config(self) -> ServiceConfig:
+    def service_config(self) -> GoalsConfig:
         state = Path(os.environ.get("JUPYTER_GOALS_STATE_DIR") or self.state_dir).expanduser().absolute()
-        return ServiceConfig(
+        return GoalsConfig(
             state_dir=state,
             control_db_url=self.control_db_url or f"sqlite:///{state / 'control.db'}",
             usage_db_url=self.usage_db_url or f"sqlite:///{state / 'usage.db'}",
@@ -64,12 +83,25 @@ class GoalsApp(ExtensionApp):
             auto_recover=self.auto_recover,
             allow_cross_host_takeover=self.allow_cross_host_takeover,
             reconcile_interval_s=self.reconcile_interval_s,
+            safety_tick_s=self.safety_tick_s,
             trusted_tools=dict(self.trusted_tools),
             max_recovery_attempts=self.max_recovery_attempts,
             recovery_backoff_s=self.recovery_backoff_s,
             retry_base_s=self.provider_retry_base_s,
             price_table=self.price_table,
+            models=dict(self.models),
+            demo_model=demo_model(),
+            tool_env_allow=tuple(self.tool_env_allow),
+            cancel_grace_s=self.cancel_grace_s,
+            max_request_bytes=self.max_request_bytes,
+            max_message_chars=self.max_message_chars,
+            secrets=self._server_secrets(),
         )
+
+    def _server_secrets(self) -> dict[str, str]:
+        """The server's own token, redacted from every tool result (it never enters a worker's env)."""
+        token = getattr(getattr(self.serverapp, "identity_provider", None), "token", "") if self.serverapp else ""
+        return {"JUPYTER_GOALS_TOKEN": token} if token else {}
 
     def initialize_settings(self) -> None:
         self.service = GoalsService(self.service_config())
@@ -83,7 +115,17 @@ class GoalsApp(ExtensionApp):
         os.environ["JUPYTER_GOALS_SERVER_URL"] = serverapp.connection_url
         if getattr(serverapp.identity_provider, "token", None):
             os.environ["JUPYTER_GOALS_TOKEN"] = serverapp.identity_provider.token
+        # a renamed or moved notebook keeps its session (jupyter_server's contents events)
+        serverapp.event_logger.add_listener(schema_id=CONTENTS_EVENTS, listener=self._on_contents_event)
         await self.service.start()
+
+    async def _on_contents_event(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
+        if data.get("action") != "rename" or not data.get("source_path"):
+            return
+        try:
+            await self.service.notebook_renamed(str(data["source_path"]), str(data["path"]))
+        except Exception:  # a listener error must not fail the user's rename
+            self.log.exception("jupyter_goals: could not follow the rename of %s", data.get("source_path"))
 
     def current_activity(self) -> list[dict[str, Any]] | None:
         sup = self.service.supervisor

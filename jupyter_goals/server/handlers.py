@@ -28,17 +28,23 @@ from jupyter_goals.models import (
     CreateSession,
     GlobalAction,
     GoalAction,
+    NotebookSession,
+    Phase,
     PostMessage,
     SessionAction,
     UpdateGoal,
     UpdateSession,
 )
-from jupyter_goals.server.service import Degraded, GoalsService
+from jupyter_goals.providers.catalog import UnknownModel
+from jupyter_goals.server import callers, openapi
+from jupyter_goals.server.bodies import BodyRefused, parse_body
+from jupyter_goals.server.service import LATEST, Degraded, GoalsService, decode_cursor, notebook_api_path
 from jupyter_goals.store.db import FencedError, NotFound, StorageUnavailable, VersionConflict
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 AUTH_RESOURCE = "jupyter_goals"
+INT64 = 2**63
 
 
 class ApiError(Exception):
@@ -48,27 +54,35 @@ class ApiError(Exception):
 
 
 def error_status(exc: BaseException) -> tuple[int, str]:
-    if isinstance(exc, ApiError):
+    if isinstance(exc, (ApiError, BodyRefused)):
         return exc.status, exc.code
     if isinstance(exc, NotFound):
         return 404, "not_found"
     if isinstance(exc, InvalidGoalChange):
         return 400, "bad_request"
+    if isinstance(exc, UnknownModel):
+        return 400, "unknown_model"
     if isinstance(exc, (VersionConflict, FencedError)):
         return 409, "conflict"
     if isinstance(exc, Degraded):
         return 503, exc.code.value
-    if isinstance(exc, StorageUnavailable):
-        return 503, "storage_unavailable"
+    if isinstance(exc, StorageUnavailable):  # storage_full, storage_locked or storage_unavailable
+        return 503, exc.code
     return 500, "internal_error"
 
 
 def api(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
-    """Map domain errors to JSON answers; never a traceback page."""
+    """Map domain errors to JSON answers; never a traceback page. A state change from inside one of
+    our tool processes is refused (403 ``forbidden_from_tool``): an agent cannot approve its own calls,
+    widen its permissions or start work as the person, even holding the server's token."""
 
     @functools.wraps(method)
     async def wrapper(self: GoalsHandler, *args: Any, **kwargs: Any) -> None:
         try:
+            if self.request.method not in ("GET", "HEAD", "OPTIONS") and await self.from_tool_process():
+                raise ApiError(403, "forbidden_from_tool",
+                               "a tool process of an agent cannot change approvals, permissions or work; "
+                               "a person must do this from JupyterLab, a notebook or the REST API")
             await method(self, *args, **kwargs)
         except tornado.web.HTTPError:
             raise
@@ -90,26 +104,36 @@ class GoalsHandler(ExtensionHandlerMixin, APIHandler):  # type: ignore[misc]
         return self.settings["jupyter_goals_service"]  # type: ignore[no-any-return]
 
     def body(self, model: type[M]) -> M:
-        try:
-            raw = json.loads(self.request.body or b"{}")
-        except ValueError as exc:
-            raise ApiError(400, "bad_json", f"request body is not valid JSON: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise ApiError(400, "bad_request", "request body must be a JSON object")
+        """The validated body, or a 4xx before anything is written (``server/bodies.py``: size, UTF-8,
+        JSON, depth, surrogates, text length; then the model: types, unknown fields)."""
+        config = self.service.config
+        raw = parse_body(self.request.body or b"", max_bytes=config.max_request_bytes,
+                         max_chars=config.max_message_chars)
         try:
             return model.model_validate(raw)
         except ValidationError as exc:
             msg = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
             raise ApiError(400, "bad_request", msg) from exc
 
+    async def from_tool_process(self) -> bool:
+        try:
+            sock = self.request.connection.stream.socket  # type: ignore[union-attr]
+            peer, server_port = sock.getpeername(), sock.getsockname()[1]
+        except (AttributeError, OSError):
+            return False
+        return await asyncio.to_thread(callers.request_from_tool, (str(peer[0]), int(peer[1])), int(server_port))
+
     def int_arg(self, name: str, default: int) -> int:
         raw = self.get_argument(name, None)
         if raw is None:
             return default
         try:
-            return int(raw)
+            value = int(raw)
         except ValueError as exc:
             raise ApiError(400, "bad_request", f"{name} must be an integer") from exc
+        if not -INT64 <= value < INT64:  # the databases' integers are 64-bit
+            raise ApiError(400, "bad_request", f"{name} must be an integer between {-INT64} and {INT64 - 1}")
+        return value
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -126,12 +150,31 @@ class HealthHandler(GoalsHandler):
         self.finish(await self.service.health())
 
 
+SESSION_STATES = frozenset({*(p.value for p in Phase), "idle"})
+
+
 class SessionsHandler(GoalsHandler):
+    """``GET /sessions?limit=N&cursor=C&state=P&q=TEXT`` → ``{sessions, next_cursor}``: keyset pages,
+    newest activity first; ``state`` repeatable or a comma list of phases (or ``idle``)."""
+
     @tornado.web.authenticated
     @authorized
     @api
     async def get(self) -> None:
-        self.finish(await self.service.list_sessions())
+        limit = self.int_arg("limit", 100)
+        if not 1 <= limit <= 500:
+            raise ApiError(400, "bad_request", "limit must be between 1 and 500")
+        cursor = self.get_argument("cursor", None)
+        try:
+            after = decode_cursor(cursor) if cursor else None
+        except ValueError as exc:
+            raise ApiError(400, "bad_request", str(exc)) from exc
+        states = sorted({s.strip() for raw in self.get_arguments("state") for s in raw.split(",") if s.strip()})
+        unknown = [s for s in states if s not in SESSION_STATES]
+        if unknown:
+            raise ApiError(400, "bad_request", f"unknown state {unknown[0]!r}; use one of {', '.join(sorted(SESSION_STATES))}")
+        text = self.get_argument("q", None) or None
+        self.finish(await self.service.list_sessions(limit, after, states or None, text))
 
     @tornado.web.authenticated
     @authorized
@@ -149,9 +192,21 @@ class SessionHandler(GoalsHandler):
     @authorized
     @api
     async def get(self, session_id: str) -> None:
+        """``?after=SEQ&limit=N`` pages forward; ``?before=SEQ|latest&limit=N`` pages back (newest first)."""
         after = self.int_arg("after", 0)
         limit = max(1, min(self.int_arg("limit", 500), 5000))
-        self.finish(await self.service.snapshot(session_id, after, limit))
+        raw = self.get_argument("before", None)
+        before: int | None = None
+        if raw is not None:
+            if self.get_argument("after", None) is not None:
+                raise ApiError(400, "bad_request", "give after or before, not both")
+            if raw == "latest":
+                before = LATEST
+            elif raw.isascii() and raw.isdigit() and int(raw) < INT64:
+                before = int(raw)
+            else:
+                raise ApiError(400, "bad_request", "before must be a seq or 'latest'")
+        self.finish(await self.service.snapshot(session_id, after, limit, before))
 
     @tornado.web.authenticated
     @authorized
@@ -159,6 +214,29 @@ class SessionHandler(GoalsHandler):
     async def patch(self, session_id: str) -> None:
         body = self.body(UpdateSession)
         self.finish(await self.service.update_session(session_id, body))
+
+
+class ModelsHandler(GoalsHandler):
+    """``GET /models`` → ``{models: [{name, provider, model, credentials_present, priced, default,
+    description, …}], default_model}``."""
+
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def get(self) -> None:
+        self.finish(await self.service.models())
+
+
+class RecoveryHandler(GoalsHandler):
+    """``GET /recovery`` → the last recovery pass after a server start: ``{recovered_at, host_name,
+    boot_id, counts, items: [{work_id, session_id, session_title, kind, outcome, reason_code, reason,
+    decided_at, actions}]}``."""
+
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def get(self) -> None:
+        self.finish(await self.service.recovery_summary())
 
 
 class MessagesHandler(GoalsHandler):
@@ -178,7 +256,8 @@ class SessionActionsHandler(GoalsHandler):
     @api
     async def post(self, session_id: str) -> None:
         body = self.body(SessionAction)
-        self.finish(await self.service.session_action(session_id, body.action, body.expected_control_version))
+        self.finish(await self.service.session_action(session_id, body.action, body.expected_control_version,
+                                                      body.effect_id))
 
 
 class GlobalActionsHandler(GoalsHandler):
@@ -224,6 +303,9 @@ class UsageHandler(GoalsHandler):
         self.finish(await self.service.usage_answer(session_id, goal_id))
 
 
+SSE_POLL_S = 0.1  # how often an idle event stream looks for new events
+
+
 class EventsHandler(GoalsHandler):
     """``GET /events?after=SEQ``: Server-Sent Events (``id:`` = seq, honours Last-Event-ID), or
     ``&format=json&limit=N`` → ``{events, last_seq}``."""
@@ -242,7 +324,7 @@ class EventsHandler(GoalsHandler):
         after = self.int_arg("after", -1)
         if after < 0:
             header = self.request.headers.get("Last-Event-ID")
-            after = int(header) if header and header.isdigit() else 0
+            after = int(header) if header and header.isascii() and header.isdigit() and int(header) < INT64 else 0
         limit = max(1, min(self.int_arg("limit", 500), 5000))
         if self.get_argument("format", "") == "json":
             self.finish(await self.service.events(after, limit))
@@ -250,6 +332,13 @@ class EventsHandler(GoalsHandler):
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
         self.set_header("X-Accel-Buffering", "no")
+        self.service.event_streams += 1
+        try:
+            await self._stream(after, limit)
+        finally:
+            self.service.event_streams -= 1
+
+    async def _stream(self, after: int, limit: int) -> None:
         idle = 0.0
         while not self.client_gone:
             batch = await self.service.events(after, limit)
@@ -268,8 +357,10 @@ class EventsHandler(GoalsHandler):
             if self.client_gone or self.request.connection is None or getattr(self.request.connection, "stream", None) is None:
                 return
             if not batch["events"]:
-                await asyncio.sleep(0.25)
-                idle += 0.25
+                # one indexed read on the event tail's own reader connection: cheap enough to keep a
+                # committed change on screen within DESIGN §12's 200 ms
+                await asyncio.sleep(SSE_POLL_S)
+                idle += SSE_POLL_S
 
 
 class GoalsCollectionHandler(GoalsHandler):
@@ -348,12 +439,42 @@ class JobHandler(GoalsHandler):
         self.finish(await self.service.get_job(job_id))
 
 
+class NotebookSessionHandler(GoalsHandler):
+    """``PUT /notebook-session {path, session_id?, title?, model?, permissions?}`` → 201 (created) or
+    200 ``{session_id, path, created_at, updated_at}``: the durable session of one notebook path."""
+
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def put(self) -> None:
+        body = self.body(NotebookSession)
+        root_dir = str(self.settings.get("server_root_dir") or ".")
+        try:
+            path = notebook_api_path(body.path, root_dir)
+        except ValueError as exc:
+            raise ApiError(400, "bad_request", str(exc)) from exc
+        answer, created = await self.service.notebook_session(body, path, root_dir)
+        self.set_status(201 if created else 200)
+        self.finish(answer)
+
+
+class OpenAPIHandler(GoalsHandler):
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def get(self) -> None:
+        base = self.request.path.rsplit("/", 1)[0]
+        self.finish(openapi.document(base))
+
+
 def handlers(base: str) -> list[tuple[str, type[GoalsHandler]]]:
     p = base.rstrip("/") + "/api/goals"
     sid = r"(?P<session_id>[A-Za-z0-9_\-]+)"
     gid = r"(?P<goal_id>[A-Za-z0-9_\-]+)"
     return [
         (p + "/health", HealthHandler),
+        (p + "/models", ModelsHandler),
+        (p + "/recovery", RecoveryHandler),
         (p + "/sessions", SessionsHandler),
         (p + f"/sessions/{sid}", SessionHandler),
         (p + f"/sessions/{sid}/messages", MessagesHandler),
@@ -370,4 +491,6 @@ def handlers(base: str) -> list[tuple[str, type[GoalsHandler]]]:
         (p + r"/history/(?P<record_id>[A-Za-z0-9_\-]+)", HistoryRecordHandler),
         (p + "/jobs", JobsHandler),
         (p + r"/jobs/(?P<job_id>[A-Za-z0-9_\-]+)", JobHandler),
+        (p + "/notebook-session", NotebookSessionHandler),
+        (p + "/openapi.json", OpenAPIHandler),
     ]

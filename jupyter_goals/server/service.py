@@ -7,15 +7,18 @@ Storage failures put the service in a degraded state (``storage_unavailable`` /
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import logging
 import os
+import posixpath
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jupyter_goals import budget as budgets
 from jupyter_goals import faults
+from jupyter_goals.config import GoalsConfig
 from jupyter_goals.goals import lifecycle as goal_lifecycle
 from jupyter_goals.identity import boot_id, host_name
 from jupyter_goals.models import (
@@ -26,24 +29,29 @@ from jupyter_goals.models import (
     CreateSession,
     DesiredState,
     GoalAction,
+    NotebookSession,
     Phase,
     PostMessage,
     ReasonCode,
+    RecoveryOutcome,
     UpdateGoal,
     UpdateSession,
+    reason_text,
 )
 from jupyter_goals.prices import PriceTable, PriceTableError, load_price_table
-from jupyter_goals.recovery.coordinator import Coordinator
+from jupyter_goals.providers import catalog
+from jupyter_goals.recovery.coordinator import Coordinator, RecoveryReport
 from jupyter_goals.runtime.supervisor import Supervisor, WorkerConfig
 from jupyter_goals.runtime.tools import ToolRegistry
 from jupyter_goals.store import control as c
 from jupyter_goals.store import goals as goal_store
+from jupyter_goals.store import notebooks, recovery_passes, waits
 from jupyter_goals.store import usage as u
-from jupyter_goals.store import waits
 from jupyter_goals.store.db import Database, MigrationFailed, Row, StorageUnavailable, Tx
 from jupyter_goals.store.events import EventTail
+from jupyter_goals.store.notify import ADMISSION, ATTEMPTS, Listener, Notifier
 from jupyter_goals.store.outbox import OutboxDispatcher
-from jupyter_goals.store.schema import migrate
+from jupyter_goals.store.schema import current_version, migrate
 
 log = logging.getLogger(__name__)
 
@@ -54,24 +62,8 @@ class Degraded(Exception):
         self.code = code
 
 
-@dataclass
-class ServiceConfig:
-    state_dir: Path
-    control_db_url: str
-    usage_db_url: str
-    default_model: str
-    workers: int = 1
-    max_concurrent_turns: int = 4
-    lease_ttl_s: float = 10.0
-    heartbeat_s: float = 2.0
-    auto_recover: bool = True
-    allow_cross_host_takeover: bool = False
-    reconcile_interval_s: float = 5.0
-    trusted_tools: dict[str, Any] | None = None
-    max_recovery_attempts: int = 5
-    recovery_backoff_s: float = 1.0
-    retry_base_s: float = 1.0
-    price_table: str = ""
+# waits that a person's Retry clears (a provider backoff cut short; a changed tool accepted)
+RETRYABLE_WAITS = frozenset({ReasonCode.PROVIDER_RETRYING, ReasonCode.TOOL_CHANGED})
 
 
 def actions_for(work: Row | None) -> Actions:
@@ -84,14 +76,40 @@ def actions_for(work: Row | None) -> Actions:
         can_pause=not ended and desired == DesiredState.RUN,
         can_resume=not ended and desired == DesiredState.PAUSED,
         can_end=not ended,
-        can_retry=not ended and (phase == Phase.FAILED or work["reason_code"] == ReasonCode.PROVIDER_RETRYING),
+        can_retry=not ended and (phase == Phase.FAILED or work["reason_code"] in RETRYABLE_WAITS),
         can_verify=False,
         reason_code=work["reason_code"],
     )
 
 
+def private_state_dir(state_dir: Path) -> None:
+    """Only the owner may enter the state dir (transcripts, tool output, usage): mode 0700, tightened if
+    it existed looser. The files at its top level (the databases and their -wal/-shm, which SQLite
+    creates with the database file's mode; server_config.json) are made 0600."""
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        state_dir.chmod(0o700)
+        for f in state_dir.iterdir():
+            if f.is_file() and f.stat().st_mode & 0o077:
+                f.chmod(0o600)
+    except OSError as exc:  # not ours to change (a shared mount): said, not fatal
+        log.warning("jupyter_goals: cannot make the state dir %s private: %s", state_dir, exc)
+
+
+def storage_action(code: str, url: str) -> str:
+    """What a person can do about a storage problem (health), in one sentence."""
+    where = _redact(url).removeprefix("sqlite:///")
+    if code == ReasonCode.STORAGE_FULL:
+        return (f"Free space on the file system that holds {where}; waiting work continues by itself and "
+                "nothing recorded is lost.")
+    if code == ReasonCode.STORAGE_LOCKED:
+        return (f"Another process holds the write lock of {where} (an open sqlite3 shell or a backup?); "
+                "work continues by itself once it is released.")
+    return f"{where} cannot be read or written: check the disk and its permissions; `jupyter goals doctor` explains more."
+
+
 class GoalsService:
-    def __init__(self, config: ServiceConfig) -> None:
+    def __init__(self, config: GoalsConfig) -> None:
         self.config = config
         self.control = Database(config.control_db_url)
         self.usage = Database(config.usage_db_url)
@@ -104,17 +122,16 @@ class GoalsService:
             log.error("jupyter_goals: %s", exc)
             prices = PriceTable.parse(b'{"version": "unreadable", "models": {}}')
         self.prices = prices
-        self.coordinator = Coordinator(
-            self.control,
-            state_dir=config.state_dir,
-            default_model=config.default_model,
-            registry=self.registry,
-            max_concurrent_turns=config.max_concurrent_turns,
-            allow_cross_host_takeover=config.allow_cross_host_takeover,
-            max_recovery_attempts=config.max_recovery_attempts,
-            recovery_backoff_s=config.recovery_backoff_s,
-            prices=prices,
-        )
+        self.models_error: str | None = None
+        try:
+            specs = catalog.parse_specs(config.models or {})
+        except ValueError as exc:  # shown in GET /models; the server runs with its default model
+            self.models_error = str(exc)
+            log.error("jupyter_goals: %s", exc)
+            specs = {}
+        self.catalog = catalog.ModelCatalog(config.default_model, specs, config.demo_model, prices)
+        self.started_at = time.time()
+        self.coordinator = Coordinator.from_config(self.control, config, registry=self.registry, prices=prices)
         self.outbox = OutboxDispatcher(self.control, self.usage, prices)
         self.event_tail = EventTail(self.control)
         self.supervisor: Supervisor | None = None
@@ -122,19 +139,31 @@ class GoalsService:
         self.usage_degraded: str | None = None
         self.started = False  # the schema is migrated (or the store is degraded)
         self.usage_ready = False  # usage.db is migrated; until then receipts wait in the outbox
+        self._usage_was_new = False  # usage.db held no schema at start: its ledger is rebuilt once ready
         self._usage_retry_at = 0.0
         self._ledger_published: str | None = None  # the ledger state last written to control.db
         self.last_recovery: dict[str, Any] = {}
-        self._wake = asyncio.Event()
+        self.event_streams = 0  # open SSE streams of GET /events (health shows it)
+        # commits here call wake(); workers' and the CLI's arrive on the socket (store/notify.py)
+        self._wakeups = Listener(config.state_dir, ADMISSION, f"server-{os.getpid()}")
+        self._notifier = Notifier(config.state_dir)
+        self._next_due: float | None = None  # wall-clock time of the earliest backoff end seen
         self._tasks: list[asyncio.Task[None]] = []
         self._recover_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        private_state_dir(self.config.state_dir)
         faults.configure(self.config.state_dir)
+        self.config.save()  # so `jupyter goals recover --explain` decides with this configuration
+        os.environ[catalog.NAMED_ENV] = self.catalog.export_named()  # workers resolve named models with it
+        self._usage_was_new = await self._usage_is_new()
         await self._migrate_usage()
-        if not await self._migrate_control():
+        migrated = await self._migrate_control()
+        private_state_dir(self.config.state_dir)  # the files the start created: databases, saved configuration
+        if migrated and self.usage_ready:
+            await self._rebuild_ledger()
+        if not migrated:
             log.error("jupyter_goals degraded: %s", self.degraded)
             self.started = True
             if self.degraded is not None and self.degraded.code == ReasonCode.STORAGE_UNAVAILABLE:
@@ -142,6 +171,25 @@ class GoalsService:
                 self._tasks.append(asyncio.create_task(self._retry_start()))
             return
         await self._run()
+
+    async def _usage_is_new(self) -> bool:
+        """Whether the usage database holds no schema yet (a first start, or it was deleted)."""
+        try:
+            return await asyncio.to_thread(self.usage.transact, current_version, write=False) == 0
+        except StorageUnavailable:
+            return False
+
+    async def _rebuild_ledger(self) -> None:
+        """A new usage database beside a control.db that already applied operations to a ledger: the
+        ledger was lost (usage.db deleted, a fresh shared schema). control.db's outbox still records
+        every operation; they are applied again, once each (receipt keys)."""
+        if not self._usage_was_new:
+            return
+        self._usage_was_new = False
+        n = await self.control.run(c.requeue_done_outbox)
+        if n:
+            log.warning("usage ledger: the usage database was new while control.db had applied %s operations "
+                        "to one; rebuilding the ledger from them (active-time intervals are not rebuilt)", n)
 
     async def _migrate_control(self) -> bool:
         try:
@@ -182,24 +230,20 @@ class GoalsService:
 
     async def _run(self) -> None:
         self.started = True  # input and controls sent during recovery are accepted and win over old continuations
+        found = await self.control.run(recovery_passes.unfinished_work, write=False)
         await self.recover()
+        if found:  # the recovery summary (GET /recovery) of this start
+            pass_id = c.new_id("pass")
+            await self.control.run(lambda tx: recovery_passes.record_pass(tx, pass_id, found, host=host_name(),
+                                                                           boot=boot_id()))
         if self.config.workers > 0:
             self.supervisor = Supervisor(
                 self.config.workers,
-                WorkerConfig(
-                    control_url=self.config.control_db_url,
-                    state_dir=str(self.config.state_dir),
-                    default_model=self.config.default_model,
-                    capacity=self.config.max_concurrent_turns,
-                    heartbeat_s=self.config.heartbeat_s,
-                    lease_ttl_s=self.config.lease_ttl_s,
-                    retry_base_s=self.config.retry_base_s,
-                    trusted_tools=self.config.trusted_tools or {},
-                    price_table=self.config.price_table,
-                ),
+                WorkerConfig.from_config(self.config),
                 on_exit=self._worker_exited,
             )
             await self.supervisor.start()
+        self._wakeups.start()
         self._tasks.append(asyncio.create_task(self._admission_loop()))
         self._tasks.append(asyncio.create_task(self._outbox_loop()))
 
@@ -216,14 +260,23 @@ class GoalsService:
         except Exception:
             pass
         await self.event_tail.close()
+        self._wakeups.close()
+        self._notifier.close()
         await asyncio.to_thread(self.control.close)
         await asyncio.to_thread(self.usage.close)
 
     async def recover(self) -> dict[str, Any]:
         async with self._recover_lock:
             report = await self.coordinator.recover()
+        self._passed(report)
         self.last_recovery = {"at": time.time(), **report.as_dict()}
         return self.last_recovery
+
+    def _passed(self, report: RecoveryReport) -> None:
+        """After a pass: wake the workers when it admitted work; remember when the next backoff ends."""
+        self._next_due = report.next_due
+        if report.admitted:
+            self._notifier.notify(ATTEMPTS)
 
     async def _worker_exited(self, worker_id: str, code: int) -> bool:
         """Recover at once; True when the death was charged to work that worker ran."""
@@ -231,23 +284,26 @@ class GoalsService:
         return worker_id in report.get("charged", {}).values()
 
     def wake(self) -> None:
-        self._wake.set()
+        """After a commit in this process that may create work: the admission loop runs now."""
+        self._wakeups.wake()
 
     async def _admission_loop(self) -> None:
+        """Admit when woken (a commit that creates work), when a backoff ends, on the safety tick and
+        on the full reconcile pass; each reads only when nothing is to change."""
         last_full = time.monotonic()
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), 0.1)
-            except TimeoutError:
-                pass
-            self._wake.clear()
+            now = time.monotonic()
+            until = min(last_full + self.config.reconcile_interval_s, now + self.config.safety_tick_s)
+            if self._next_due is not None:
+                until = min(until, now + max(0.0, self._next_due - time.time()) + 0.01)
+            await self._wakeups.wait(until - now)
             try:
                 if time.monotonic() - last_full >= self.config.reconcile_interval_s:
                     last_full = time.monotonic()
                     await self.recover()
                 else:
                     async with self._recover_lock:
-                        await self.coordinator.admit()
+                        self._passed(await self.coordinator.admit())
             except StorageUnavailable as exc:
                 log.warning("admission: storage unavailable: %s", exc)
                 await asyncio.sleep(1)
@@ -258,7 +314,9 @@ class GoalsService:
     async def _outbox_loop(self) -> None:
         while True:
             try:
-                if self.usage_ready or (time.monotonic() >= self._usage_retry_at and await self._migrate_usage()):
+                if not self.usage_ready and time.monotonic() >= self._usage_retry_at and await self._migrate_usage():
+                    await self._rebuild_ledger()  # usage.db came back new: its ledger is rebuilt, once
+                if self.usage_ready:
                     await self.outbox.dispatch_due()
                     self.usage_degraded = self.outbox.last_error
             except Exception as exc:
@@ -277,7 +335,7 @@ class GoalsService:
         except StorageUnavailable:
             return
         self._ledger_published = state
-        self._wake.set()  # recheck budgets now
+        self.wake()  # recheck budgets now
 
     # ------------------------------------------------------------------ guards
     def check(self) -> None:
@@ -288,24 +346,34 @@ class GoalsService:
 
     # ------------------------------------------------------------------ queries
     async def health(self) -> dict[str, Any]:
+        # a write or read that failed at run time (disk full, a lock held past the busy timeout, an
+        # unreadable file), rechecked now without writing: the state, the reason and what to do
+        problems = await asyncio.to_thread(self.control.recheck) if self.control.problems else {}
+        problem = problems.get("write") or problems.get("read")
         databases: dict[str, Any] = {
-            "control": {"url": _redact(self.config.control_db_url), "ok": self.degraded is None},
+            "control": {"url": _redact(self.config.control_db_url), "ok": self.degraded is None and problem is None},
             "usage": {"url": _redact(self.config.usage_db_url), "ok": self.usage_degraded is None},
         }
         if self.degraded is not None:
             databases["control"]["error"] = {"code": self.degraded.code.value, "message": str(self.degraded)}
+        elif problem is not None:
+            databases["control"]["error"] = {"code": problem.code, "message": str(problem),
+                                             "action": storage_action(problem.code, self.config.control_db_url)}
         if self.usage_degraded:
             databases["usage"]["error"] = {"code": "storage_unavailable", "message": self.usage_degraded}
-        status = "ok" if self.degraded is None and self.usage_degraded is None else "degraded"
+        ok = self.degraded is None and problem is None and self.usage_degraded is None
+        status = "ok" if ok else "degraded"
         if self.degraded is None and not self.started:
             status = "starting"
+        reason = self.degraded.code.value if self.degraded else (problem.code if problem is not None else "")
         return {
             "status": status,
-            "reason_code": self.degraded.code.value if self.degraded else ("" if self.started else "starting"),
+            "reason_code": reason or ("" if self.started else "starting"),
             "databases": databases,
             "workers": self.supervisor.alive() if self.supervisor else [],
             "recovery": self.last_recovery,
             "admission_open": self.coordinator.admission_open,
+            "event_streams": self.event_streams,
             "host_name": host_name(),
             "boot_id": boot_id(),
         }
@@ -313,33 +381,72 @@ class GoalsService:
     async def create_session(self, body: CreateSession) -> dict[str, Any]:
         self.check()
         cwd = os.path.abspath(body.cwd or os.getcwd())  # noqa: ASYNC240 - path arithmetic, no disk access
-        model = body.model or self.config.default_model
+        model = self.catalog.resolve(body.model) if body.model else self.catalog.default_model  # UnknownModel → 400
         perms = (body.permissions.model_dump() if body.permissions else {"mode": "ask", "allow": []})
         row = await self.control.run(lambda tx: c.create_session(tx, body.title or "Untitled chat", cwd, model, perms))
         return await self.snapshot(row["session_id"])
 
-    async def list_sessions(self) -> dict[str, Any]:
+    async def list_sessions(self, limit: int = 100, after: tuple[float, str] | None = None,
+                            states: list[str] | None = None, text: str | None = None) -> dict[str, Any]:
+        """One keyset page of session summaries, newest activity first (``next_cursor``: the next page)."""
         self.check()
 
-        def run(tx: Tx) -> list[dict[str, Any]]:
+        def run(tx: Tx) -> tuple[list[dict[str, Any]], str | None]:
             out = []
-            for s in c.list_sessions(tx):
+            rows = c.page_sessions(tx, limit=limit + 1, after=after, states=states, text=text)
+            for s in rows[:limit]:
                 work = c.current_work(tx, s["session_id"])
+                goal = goal_store.current_goal(tx, s["session_id"])
                 out.append({**_session_view(s), "work": c.work_view(work) if work else None,
-                            "actions": actions_for(work).model_dump()})
-            return out
+                            "actions": actions_for(work).model_dump(), "state": s["state"],
+                            "activity_at": s["activity"],
+                            "goal": {k: goal[k] for k in ("goal_id", "objective", "state", "revision")} if goal else None})
+            last = rows[limit - 1] if len(rows) > limit else None
+            return out, (encode_cursor(last["activity"], last["session_id"]) if last else None)
 
-        return {"sessions": await self.control.run(run, write=False)}
+        sessions, cursor = await self.control.run(run, write=False)
+        return {"sessions": sessions, "next_cursor": cursor}
 
-    async def snapshot(self, session_id: str, after: int = 0, limit: int = 500) -> dict[str, Any]:
+    async def models(self) -> dict[str, Any]:
+        """``GET /models``: the listed models (credentials are checked now, in this server's environment)."""
+        answer: dict[str, Any] = {"models": [m.model_dump() for m in self.catalog.info()],
+                                  "default_model": self.catalog.default_name}
+        if self.models_error:
+            answer["config_error"] = self.models_error
+        return answer
+
+    async def recovery_summary(self) -> dict[str, Any]:
+        """``GET /recovery``: what the last recovery pass after a server start did with each unfinished
+        work item (continued, waiting, paused, stopped, failed), with the actions allowed now."""
+        self.check()
+        header, rows = await self.control.run(recovery_passes.last_pass, write=False)
+        items = []
+        counts = {o.value: 0 for o in RecoveryOutcome}
+        for r in rows:
+            outcome = r["detail"].get("outcome", RecoveryOutcome.CONTINUED.value)
+            counts[outcome] = counts.get(outcome, 0) + 1
+            now = {"phase": r["w_phase"], "desired_state": r["w_desired"], "reason_code": r["w_reason_code"]}
+            items.append({
+                "work_id": r["work_id"], "session_id": r["session_id"], "session_title": r["title"], "kind": r["w_kind"],
+                "outcome": outcome, "reason_code": r["reason_code"] or "",
+                "reason": r["detail"].get("reason") or reason_text(r["reason_code"] or ""),
+                "decided_at": r["created_at"], "phase": r["phase"], "current_phase": r["w_phase"],
+                "actions": actions_for(now).model_dump(),
+            })
+        return {"recovered_at": header["at"] if header else None,
+                "host_name": header["host_name"] if header else host_name(),
+                "boot_id": header["boot_id"] if header else boot_id(),
+                "server_started_at": self.started_at, "counts": counts, "items": items}
+
+    async def snapshot(self, session_id: str, after: int = 0, limit: int = 500, before: int | None = None) -> dict[str, Any]:
+        """The session snapshot; its transcript page is ``limit`` items after ``after`` or, with
+        ``before`` (a seq, or ``LATEST``), the ``limit`` items just before it, in seq order."""
         self.check()
 
         def run(tx: Tx) -> dict[str, Any]:
             s = c.get_session(tx, session_id)
             work = c.current_work(tx, session_id)
-            items = c.transcript(tx, session_id, after, limit + 1)
-            more = len(items) > limit
-            items = items[:limit]
+            page = c.transcript_page(tx, session_id, limit=limit, after=after, before=before)
             approvals = c.list_approvals(tx, "pending", session_id)
             goal = goal_store.current_goal(tx, session_id)  # the composer shows the current Goal only
             return {
@@ -348,10 +455,7 @@ class GoalsService:
                 "goal": goal_lifecycle.view(tx, goal) if goal else None,
                 "todo": goal_store.get_todo(tx, session_id)[0],
                 "approvals": approvals,
-                "transcript": {
-                    "items": [i.model_dump() for i in items],
-                    "next_cursor": items[-1].seq if more and items else None,
-                },
+                "transcript": page,
                 "actions": actions_for(work).model_dump(),
                 "event_seq": c.last_event_seq(tx),
             }
@@ -384,7 +488,7 @@ class GoalsService:
         if session_id:
             await self.control.run(lambda tx: c.get_session(tx, session_id), write=False)  # 404 when unknown
         elif goal_id and not await self.control.run(
-            lambda tx: tx.one("SELECT request_id FROM requests WHERE goal_id = ? LIMIT 1", (goal_id,)), write=False
+            lambda tx: c.goal_has_requests(tx, goal_id), write=False
         ) and not await self._goal_exists(goal_id):
             raise c.NotFound(f"goal {goal_id} not found")
         return await self.usage_summary(session_id=session_id, goal_id=goal_id)
@@ -392,7 +496,7 @@ class GoalsService:
     async def _goal_exists(self, goal_id: str) -> bool:
         def run(tx: Tx) -> bool:
             try:
-                return tx.one("SELECT goal_id FROM goals WHERE goal_id = ?", (goal_id,)) is not None
+                return goal_store.find_goal(tx, goal_id) is not None
             except Exception:  # no goals table in this schema
                 return False
 
@@ -413,8 +517,12 @@ class GoalsService:
         self.wake()
         return {"message_id": msg["message_id"], "work_id": msg["work_id"], "delivery": msg["delivery"]}, created
 
-    async def session_action(self, session_id: str, action: str, expected: int | None) -> dict[str, Any]:
+    async def session_action(self, session_id: str, action: str, expected: int | None,
+                             effect_id: str | None = None) -> dict[str, Any]:
         self.check()
+        if action == "cancel_tool" and effect_id:
+            eff = await self.control.run(lambda tx: c.request_cancel_tool(tx, session_id, effect_id))
+            return {"effect_id": eff["effect_id"], "call_id": eff["call_id"], "cancel_requested": True}
 
         def run(tx: Tx) -> Row:
             c.get_session(tx, session_id)
@@ -423,15 +531,19 @@ class GoalsService:
                 raise c.NotFound(f"session {session_id} has no work to {action}")
             if action == "stop":
                 # End applies to the whole session: everything queued behind it stops too
-                for other in tx.all("SELECT * FROM work_items WHERE session_id = ? AND phase NOT IN ('done', 'cancelled')"
-                                    " AND work_id != ?", (session_id, work["work_id"])):
+                for other in c.unfinished_work_of_session(tx, session_id, except_work_id=work["work_id"]):
                     c.apply_control(tx, other, "stop", None)
                     goal_lifecycle.sync_with_work(tx, other, "stop")
+            if action == "retry" and work["reason_code"] == ReasonCode.TOOL_CHANGED:
+                # the person accepts the new implementations: planned calls are bound to them
+                c.rebind_planned_calls(tx, work, {n: (s.identity, s.digest) for n, s in self.registry.tools.items()})
             work = c.apply_control(tx, work, action, expected)
             goal_lifecycle.sync_with_work(tx, work, action)  # a Goal's work item moves its Goal too
             return work
 
         work = await self.control.run(run)
+        if action == "stop":
+            faults.crash_point("control.after_stop_commit")
         self.wake()
         return {"work_id": work["work_id"], "control_version": work["control_version"],
                 "desired_state": work["desired_state"], "phase": work["phase"]}
@@ -447,6 +559,7 @@ class GoalsService:
     async def stop_all(self) -> dict[str, Any]:
         self.check()
         stopped = await self.control.run(c.stop_all)
+        faults.crash_point("control.after_stop_commit")  # the intent is durable; kills follow (worker, sweep)
         self.wake()
         return {"stopped": stopped}
 
@@ -555,6 +668,8 @@ class GoalsService:
         self.check()
         answer = await self._goal_answer(
             lambda tx: goal_lifecycle.act(tx, goal_id, body.action, body.expected_revision), write=True)
+        if body.action == "end":
+            faults.crash_point("control.after_stop_commit")
         self.wake()
         return answer
 
@@ -570,6 +685,64 @@ class GoalsService:
     async def history_record(self, record_id: str) -> dict[str, Any]:
         self.check()
         return dict(await self.control.run(lambda tx: goal_store.history_record(tx, record_id), write=False))
+
+    # ------------------------------------------------------------------ notebooks
+    async def notebook_session(self, body: NotebookSession, path: str, root_dir: str) -> tuple[dict[str, Any], bool]:
+        """The session bound to the notebook at API ``path`` (created on first use, cwd = the notebook's
+        folder), or ``body.session_id`` bound to it. One row per path in control.db."""
+        self.check()
+        if body.session_id:
+            sid = body.session_id
+            row = await self.control.run(lambda tx: notebooks.bind(tx, path, sid))
+            return notebooks.view(row), False
+        folder = os.path.join(root_dir, os.path.dirname(path))
+        cwd = folder if await asyncio.to_thread(os.path.isdir, folder) else root_dir
+        model = self.catalog.resolve(body.model) if body.model else self.catalog.default_model  # names as POST /sessions
+        perms = body.permissions.model_dump() if body.permissions else {"mode": "ask", "allow": []}
+        title = body.title or os.path.basename(path)
+        row, created = await self.control.run(lambda tx: notebooks.get_or_create(tx, path, title, cwd, model, perms))
+        return notebooks.view(row), created
+
+    async def notebook_renamed(self, old: str, new: str) -> int:
+        """Follow the contents manager's rename (``old`` and ``new`` are API paths)."""
+        if self.degraded is not None or not self.started:
+            return 0
+        return int(await self.control.run(lambda tx: notebooks.rename(tx, old.strip("/"), new.strip("/"))))
+
+
+def notebook_api_path(path: str, root_dir: str) -> str:
+    """A notebook's API path (relative to the server root, ``/``-separated), from an API path or from
+    the absolute OS path a kernel gets in ``JPY_SESSION_NAME``. ValueError when it leaves the root."""
+    raw = path.strip()
+    if os.path.isabs(raw):
+        root = os.path.abspath(root_dir)
+        full = os.path.abspath(raw)
+        if os.path.commonpath([root, full]) != root:
+            raise ValueError(f"{path!r} is outside the server root {root}")
+        raw = os.path.relpath(full, root)
+    norm = posixpath.normpath(raw.replace(os.sep, "/")).lstrip("/")
+    if norm in ("", ".") or norm == ".." or norm.startswith("../"):
+        raise ValueError(f"{path!r} is not a notebook path inside the server root")
+    return norm
+
+
+LATEST = 2**62  # ``?before=latest``: before every seq
+
+
+def encode_cursor(activity: float, session_id: str) -> str:
+    """The opaque ``next_cursor`` of ``GET /sessions``: the last row's keyset key."""
+    return base64.urlsafe_b64encode(json.dumps([activity, session_id]).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    """ValueError when ``cursor`` is not one :func:`encode_cursor` made."""
+    try:
+        activity, session_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except Exception as exc:
+        raise ValueError("cursor is not a next_cursor of GET /sessions") from exc
+    if not isinstance(activity, (int, float)) or isinstance(activity, bool) or not isinstance(session_id, str):
+        raise ValueError("cursor is not a next_cursor of GET /sessions")
+    return float(activity), session_id
 
 
 def _session_view(s: Row) -> dict[str, Any]:

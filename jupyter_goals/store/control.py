@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import time
-import uuid
 from typing import Any
 
 from jupyter_goals.models import (
@@ -30,7 +30,10 @@ from jupyter_goals.store.db import FencedError, NotFound, Row, Tx, VersionConfli
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+    """Time-ordered: milliseconds since the epoch, then 48 random bits (UUIDv7's layout, shorter). New
+    rows land at the end of each primary-key B-tree, so a commit dirties the same few pages however long
+    the history is; random ids spread inserts over every page of a large table (issue 14)."""
+    return f"{prefix}_{time.time_ns() // 1_000_000:012x}{secrets.randbits(48):012x}"
 
 
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))  # built once: dumps() is on the hot path
@@ -108,6 +111,50 @@ def list_sessions(tx: Tx) -> list[Row]:
     for r in rows:
         r["permissions"] = json.loads(r["permissions"])
     return rows
+
+
+# a session's state in lists: the phase of the work item it shows (current_work), "idle" without one
+_SESSION_STATE = (
+    "COALESCE((SELECT w.phase FROM work_items w WHERE w.session_id = s.session_id AND w.phase NOT IN"
+    " ('done', 'cancelled') ORDER BY w.created_at LIMIT 1), (SELECT w.phase FROM work_items w"
+    " WHERE w.session_id = s.session_id ORDER BY w.created_at DESC LIMIT 1), 'idle')"
+)
+# newest activity: created, renamed or re-permissioned (updated_at), a message accepted, a turn admitted
+_SESSION_ACTIVITY = "CASE WHEN s.last_admitted_at > s.updated_at THEN s.last_admitted_at ELSE s.updated_at END"
+
+
+def page_sessions(tx: Tx, *, limit: int, after: tuple[float, str] | None = None, states: list[str] | None = None,
+                  text: str | None = None) -> list[Row]:
+    """One page of sessions, newest activity first, keyset-paged on (activity, session_id): a page
+    starts strictly after the ``after`` key of the previous page's last row, so sessions inserted
+    meanwhile never shift or repeat the rest of a walk (no OFFSET). ``states`` filters on the shown
+    work item's phase (or ``idle``); ``text`` is a case-insensitive substring of title or cwd."""
+    where: list[str] = []
+    params: list[Any] = []
+    if after is not None:
+        where.append("(activity < ? OR (activity = ? AND session_id < ?))")
+        params += [after[0], after[0], after[1]]
+    if states:
+        where.append(f"state IN ({', '.join('?' * len(states))})")
+        params += states
+    if text:
+        pattern = "%" + text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        where.append("(LOWER(title) LIKE ? ESCAPE '\\' OR LOWER(cwd) LIKE ? ESCAPE '\\')")
+        params += [pattern, pattern]
+    rows = tx.all(
+        f"SELECT * FROM (SELECT s.*, {_SESSION_ACTIVITY} AS activity, {_SESSION_STATE} AS state FROM sessions s) t"
+        + (" WHERE " + " AND ".join(where) if where else "")
+        + " ORDER BY activity DESC, session_id DESC LIMIT ?",
+        (*params, limit),
+    )
+    for r in rows:
+        r["permissions"] = json.loads(r["permissions"])
+    return rows
+
+
+def touch_session(tx: Tx, session_id: str) -> None:
+    """Record activity on a session (it moves to the top of the session list)."""
+    tx.execute("UPDATE sessions SET updated_at = ? WHERE session_id = ?", (time.time(), session_id))
 
 
 # --------------------------------------------------------------------------- work items
@@ -235,6 +282,7 @@ def accept_message(
         (mid, session["session_id"], client_request_id, work_id, text, delivery, consumed, time.time()),
     )
     emit(tx, "message.accepted", {"message_id": mid, "delivery": delivery}, session_id=session["session_id"], work_id=work_id)
+    touch_session(tx, session["session_id"])
     row = tx.one("SELECT * FROM messages WHERE message_id = ?", (mid,))
     assert row is not None
     return row, True
@@ -243,6 +291,58 @@ def accept_message(
 def pending_steer(tx: Tx, work_id: str) -> list[Row]:
     return tx.all(
         "SELECT * FROM messages WHERE work_id = ? AND consumed = 0 ORDER BY created_at", (work_id,)
+    )
+
+
+def consume_message(tx: Tx, message_id: str) -> None:
+    """A steered message joined the running turn (its transcript item is appended beside this)."""
+    tx.execute("UPDATE messages SET consumed = 1 WHERE message_id = ?", (message_id,))
+
+
+def finish_work(tx: Tx, work: Row, *, reset_deaths: bool = False) -> None:
+    """``desired_state = done``: the work item continues no further (``reset_deaths``: it ended by
+    itself, so its run of consecutive executor deaths ends too). The caller sets the phase."""
+    if reset_deaths:
+        tx.execute("UPDATE work_items SET desired_state = 'done', recovery_attempts = 0 WHERE work_id = ?",
+                   (work["work_id"],))
+    else:
+        tx.execute("UPDATE work_items SET desired_state = 'done' WHERE work_id = ?", (work["work_id"],))
+    work["desired_state"] = "done"
+
+
+def set_retry_at(tx: Tx, work_id: str, at: float) -> None:
+    """The durable time before which the work item is not admitted again (0: no hold)."""
+    tx.execute("UPDATE work_items SET next_attempt_at = ? WHERE work_id = ?", (at, work_id))
+
+
+def set_control_version(tx: Tx, work: Row, version: int, objective_revision: int) -> None:
+    """A Goal change bumps its work item's control version (older continuations are refused)."""
+    tx.execute("UPDATE work_items SET control_version = ?, objective_revision = ?, updated_at = ? WHERE work_id = ?",
+               (version, objective_revision, time.time(), work["work_id"]))
+    work["control_version"] = version
+
+
+def set_objective_revision(tx: Tx, work_id: str, revision: int) -> None:
+    tx.execute("UPDATE work_items SET objective_revision = ? WHERE work_id = ?", (revision, work_id))
+
+
+def unfinished_work_of_session(tx: Tx, session_id: str, *, except_work_id: str | None = None) -> list[Row]:
+    return tx.all("SELECT * FROM work_items WHERE session_id = ? AND phase NOT IN ('done', 'cancelled')"
+                  " AND work_id != ?", (session_id, except_work_id or ""))
+
+
+def running_children(tx: Tx, work_id: str) -> list[Row]:
+    """Subtasks of a work item that have not ended (done, cancelled or failed)."""
+    return tx.all("SELECT work_id FROM work_items WHERE parent_work_id = ? AND phase NOT IN"
+                  " ('done', 'cancelled', 'failed')", (work_id,))
+
+
+def recent_work(tx: Tx, limit: int = 50) -> list[Row]:
+    """The newest work items with their session's title (``jupyter goals status``)."""
+    return tx.all(
+        "SELECT w.work_id, s.title, w.kind, w.desired_state, w.phase, w.reason_code, w.reason, w.control_version"
+        " FROM work_items w JOIN sessions s ON s.session_id = w.session_id ORDER BY w.created_at DESC LIMIT ?",
+        (limit,),
     )
 
 
@@ -299,6 +399,10 @@ def apply_control(tx: Tx, work: Row, action: str, expected_version: int | None) 
         set_phase(tx, work, work["phase"], ReasonCode.USER_STOPPED)
     elif desired == DesiredState.RUN and not live:
         set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
+    elif desired == DesiredState.RUN and work["phase"] == Phase.PAUSED:
+        # resumed while the paused step still runs: it is working (that attempt yields at its next
+        # step boundary and the work is admitted again), never shown paused while its intent is run
+        set_phase(tx, work, Phase.WORKING, ReasonCode.WORKING)
     code, sentence = INVALIDATION_REASONS[action]
     invalidate_approvals(tx, work["work_id"], sentence, code)
     # a child never outlives its parent's stop: stop and pause reach every unfinished subtask, resume
@@ -314,8 +418,14 @@ def apply_control(tx: Tx, work: Row, action: str, expected_version: int | None) 
 
 def finish_cancelled(tx: Tx, work: Row) -> None:
     """A stop persists as cancelled: the open turn ends interrupted, unstarted calls never start."""
-    for turn in tx.all("SELECT turn_id FROM turns WHERE work_id = ? AND state = 'running'", (work["work_id"],)):
+    turns = tx.all("SELECT turn_id FROM turns WHERE work_id = ? AND state = 'running'", (work["work_id"],))
+    for turn in turns:
         end_turn(tx, work, turn["turn_id"], TurnState.INTERRUPTED, "user_stopped")
+    if turns:  # said in words where it happened (work stopped before it ever ran has no turn to end)
+        append_item(tx, work["session_id"], ItemKind.INTERRUPTION, "system",
+                    "Stopped by the person: this turn ended here; a command still running was terminated.",
+                    item_id=f"stopped:{work['work_id']}", work_id=work["work_id"], turn_id=turns[-1]["turn_id"],
+                    meta={"reason_code": str(ReasonCode.USER_STOPPED)})
     set_phase(tx, work, Phase.CANCELLED, ReasonCode.USER_STOPPED)
 
 
@@ -435,6 +545,57 @@ def transcript(tx: Tx, session_id: str, after: int = 0, limit: int = 100000) -> 
     return [_item(r) for r in rows]
 
 
+def transcript_page(tx: Tx, session_id: str, *, limit: int, after: int | None = None,
+                    before: int | None = None) -> dict[str, Any]:
+    """One page of a transcript in seq order: the ``limit`` items after ``after``, or the ``limit``
+    items just before ``before`` (``None`` for both: from the start). ``next_cursor`` (pass as
+    ``after``) / ``prev_cursor`` (pass as ``before``) are set while newer / older items exist. Index
+    seeks on (session_id, seq) only, so a page costs the same in a 20,000-item transcript."""
+    if before is not None:
+        rows = tx.all("SELECT * FROM transcript WHERE session_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
+                      (session_id, before, limit + 1))
+        older = len(rows) > limit
+        rows = rows[:limit][::-1]
+        newer = bool(rows) and _has_item(tx, session_id, ">", rows[-1]["seq"])
+    else:
+        rows = tx.all("SELECT * FROM transcript WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                      (session_id, after or 0, limit + 1))
+        newer = len(rows) > limit
+        rows = rows[:limit]
+        older = bool(rows) and _has_item(tx, session_id, "<", rows[0]["seq"])
+    items = [_item(r) for r in rows]
+    return {"items": [i.model_dump() for i in items],
+            "next_cursor": items[-1].seq if newer else None,
+            "prev_cursor": items[0].seq if older else None}
+
+
+def _has_item(tx: Tx, session_id: str, op: str, seq: int) -> bool:
+    return tx.one(f"SELECT seq FROM transcript WHERE session_id = ? AND seq {op} ? LIMIT 1", (session_id, seq)) is not None
+
+
+def last_item_of_turn(tx: Tx, turn_id: str) -> Row | None:
+    """The newest item of a turn that the model reads (its kind and response id). Markers (an
+    interruption, a notice, a compaction summary, a Goal record) never count: a worker that died right
+    after committing its final answer leaves an interruption marker behind it, and the resumed attempt
+    must finish the turn, not ask the model again."""
+    return tx.one("SELECT kind, response_id FROM transcript WHERE turn_id = ? AND kind NOT IN"
+                  " ('interruption', 'notice', 'compaction', 'goal_record') ORDER BY seq DESC LIMIT 1", (turn_id,))
+
+
+def response_has_calls(tx: Tx, response_id: str) -> bool:
+    return tx.one(RESPONSE_CALLS_SQL, (response_id,)) is not None
+
+
+RESPONSE_CALLS_SQL = "SELECT item_id FROM transcript WHERE response_id = ? AND kind = 'tool_call' LIMIT 1"
+
+
+def last_reply(tx: Tx, turn_id: str) -> str | None:
+    """The text of a turn's newest assistant message."""
+    row = tx.one("SELECT content FROM transcript WHERE turn_id = ? AND kind = 'assistant' ORDER BY seq DESC LIMIT 1",
+                 (turn_id,))
+    return None if row is None else str(row["content"])
+
+
 # --------------------------------------------------------------------------- workers and fencing
 
 
@@ -524,6 +685,24 @@ def open_turn(tx: Tx, work: Row) -> Row | None:
     )
 
 
+def rebind_planned_calls(tx: Tx, work: Row, identities: dict[str, tuple[str, str]]) -> int:
+    """Bind the open turn's planned (never started) calls to the tools' current implementations
+    ({tool: (identity, digest)}): a person's Retry after ``tool_changed``. Returns the calls rebound."""
+    turn = open_turn(tx, work)
+    if turn is None:
+        return 0
+    n = 0
+    for eff in tx.all("SELECT effect_id, tool FROM effects WHERE turn_id = ? AND state = 'planned'", (turn["turn_id"],)):
+        if eff["tool"] in identities:
+            identity, digest = identities[eff["tool"]]
+            n += tx.execute("UPDATE effects SET impl_identity = ?, impl_digest = ? WHERE effect_id = ?",
+                            (identity, digest, eff["effect_id"]))
+    if n:
+        emit(tx, "effect.rebound", {"work_id": work["work_id"], "calls": n}, session_id=work["session_id"],
+             work_id=work["work_id"])
+    return n
+
+
 def new_turn(tx: Tx, work: Row, restricted: bool) -> str:
     tid = new_id("turn")
     tx.execute(
@@ -579,10 +758,10 @@ def admit(tx: Tx, work: Row, *, mode: str, turn_id: str | None, restricted: bool
     tx.execute(
         "INSERT INTO attempts (attempt_id, turn_id, work_id, session_id, state, mode, control_version,"
         " continuation_key, admitted_at) VALUES (?, ?, ?, ?, 'admitted', ?, ?, ?, ?)",
-        (aid, turn_id, work["work_id"], work["session_id"], mode, work["control_version"], key, now),
+        (aid, turn_id, work["work_id"], work["session_id"], str(mode), work["control_version"], key, now),
     )
     tx.execute("UPDATE sessions SET last_admitted_at = ? WHERE session_id = ?", (now, work["session_id"]))
-    emit(tx, "attempt.admitted", {"attempt_id": aid, "turn_id": turn_id, "mode": mode}, session_id=work["session_id"], work_id=work["work_id"])
+    emit(tx, "attempt.admitted", {"attempt_id": aid, "turn_id": turn_id, "mode": str(mode)}, session_id=work["session_id"], work_id=work["work_id"])
     set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED if mode == "fresh" else ReasonCode.RECOVERED)
     row = tx.one("SELECT * FROM attempts WHERE attempt_id = ?", (aid,))
     assert row is not None
@@ -627,6 +806,12 @@ def live_attempts(tx: Tx) -> int:
     return int(tx.scalar("SELECT COUNT(*) AS n FROM attempts WHERE state IN ('admitted', 'running')") or 0)
 
 
+def attempt_ended(tx: Tx, attempt_id: str) -> bool:
+    """Whether the attempt is no longer running (it ended, died or was fenced)."""
+    return tx.one("SELECT attempt_id FROM attempts WHERE attempt_id = ? AND state != 'running'",
+                  (attempt_id,)) is not None
+
+
 # --------------------------------------------------------------------------- effects
 
 
@@ -641,41 +826,162 @@ def set_effect_state(tx: Tx, eff: Row, state: EffectState, result: str | None = 
          session_id=eff["session_id"], work_id=eff["work_id"])
 
 
-def effects_of_turn(tx: Tx, turn_id: str) -> list[Row]:
-    rows = tx.all("SELECT * FROM effects WHERE turn_id = ? ORDER BY seq", (turn_id,))
+def emit_draft(tx: Tx, session_id: str, work_id: str, request_id: str, text: str) -> None:
+    """The text streamed so far for a request, for open views only (``assistant.draft``, whole text each
+    time); the answer itself is committed with its receipt, never from drafts."""
+    emit(tx, "assistant.draft", {"request_id": request_id, "text": text, "full": True}, session_id=session_id,
+         work_id=work_id)
+
+
+def open_effects_of_turn(tx: Tx, turn_id: str) -> list[Row]:
+    """A turn's calls still to run or running (``planned`` / ``dispatched``), in order. A step reads only
+    these (the partial index ``effects_open``): a turn with thousands of settled calls costs no more
+    per step than one with none (issue 14)."""
+    return _effect_rows(tx.all(OPEN_EFFECTS_SQL, (turn_id,)))
+
+
+OPEN_EFFECTS_SQL = "SELECT * FROM effects WHERE turn_id = ? AND state IN ('planned', 'dispatched') ORDER BY seq"
+
+
+def _effect_rows(rows: list[Row]) -> list[Row]:
     for r in rows:
         r["arguments"] = json.loads(r["arguments"])
         r["process"] = json.loads(r["process"]) if r["process"] else None
     return rows
 
 
+def plan_call(tx: Tx, work: Row, turn_id: str, call_id: str, tool: str, arguments: dict[str, Any], *,
+              capability: str, impl_identity: str, impl_digest: str, seq: int) -> None:
+    """A tool call the model asked for: its effect record, ``planned`` (committed with the response)."""
+    tx.execute(
+        "INSERT INTO effects (effect_id, call_id, work_id, turn_id, session_id, tool, arguments, capability,"
+        " impl_identity, impl_digest, state, created_at, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned', ?, ?)",
+        (new_id("eff"), call_id, work["work_id"], turn_id, work["session_id"], tool, dumps(arguments), capability,
+         impl_identity, impl_digest, time.time(), seq),
+    )
+
+
+def mark_dispatched(tx: Tx, eff: Row, attempt_id: str, approval: Row | None = None) -> None:
+    """``planned`` → ``dispatched``, committed before the side effect starts, consuming its approval
+    (if any) once. The caller fences first; a call no longer planned or an approval already used →
+    ``FencedError``."""
+    n = tx.execute(
+        "UPDATE effects SET state = 'dispatched', dispatched_at = ?, attempt_id = ? WHERE effect_id = ?"
+        " AND state = 'planned'",
+        (time.time(), attempt_id, eff["effect_id"]),
+    )
+    if n != 1:
+        raise FencedError(f"effect {eff['call_id']} is no longer planned")
+    if approval is not None and tx.execute(
+        "UPDATE approvals SET state = 'consumed', consumed_by_attempt = ? WHERE approval_id = ? AND state = 'approved'",
+        (attempt_id, approval["approval_id"]),
+    ) != 1:
+        raise FencedError(f"approval {approval['approval_id']} was already consumed")
+
+
+def turn_effect_states(tx: Tx, turn_id: str) -> list[Row]:
+    return tx.all("SELECT tool, capability, state FROM effects WHERE turn_id = ?", (turn_id,))
+
+
+def effects_of_work(tx: Tx, work_id: str) -> list[Row]:
+    """A work item's calls in order, with results and times (evidence for acceptance)."""
+    return tx.all("SELECT call_id, tool, arguments, state, result, dispatched_at, ended_at FROM effects"
+                  " WHERE work_id = ? ORDER BY seq", (work_id,))
+
+
+def dispatched_call_of_tool(tx: Tx, work_id: str, tool: str) -> Row | None:
+    """The newest dispatched call of ``tool`` in a work item (the call a state tool runs as)."""
+    return tx.one("SELECT call_id FROM effects WHERE work_id = ? AND tool = ? AND state = 'dispatched'"
+                  " ORDER BY seq DESC LIMIT 1", (work_id, tool))
+
+
 def reconcile_effect(tx: Tx, eff: Row, content: str) -> bool:
     """A late verifiable receipt for an ``unknown`` effect: ``reconciled`` plus one reconciliation
     item (stable id ``reconcile:<call_id>``, so at most once). The old turn's items stay as they were."""
-    n = tx.execute(
-        "UPDATE effects SET state = 'reconciled', result = ?, ended_at = ? WHERE effect_id = ? AND state = 'unknown'",
-        (content, time.time(), eff["effect_id"]),
-    )
+    return _settle_effect(tx, eff, EffectState.UNKNOWN, EffectState.RECONCILED, content, ItemKind.RECONCILIATION,
+                          f"reconcile:{eff['call_id']}", {"effect_id": eff["effect_id"], "late_receipt": True})
+
+
+def _settle_effect(tx: Tx, eff: Row, before: EffectState, after: EffectState, content: str, kind: ItemKind,
+                   item_id: str, meta: dict[str, Any] | None = None) -> bool:
+    """``before`` → ``after`` with its result and one transcript item (stable ``item_id``), at most once."""
+    n = tx.execute("UPDATE effects SET state = ?, result = ?, ended_at = ? WHERE effect_id = ? AND state = ?",
+                   (str(after), content, time.time(), eff["effect_id"], str(before)))
     if n != 1:
         return False
-    append_item(tx, eff["session_id"], ItemKind.RECONCILIATION, "tool", content, item_id=f"reconcile:{eff['call_id']}",
-                work_id=eff["work_id"], turn_id=eff["turn_id"], call_id=eff["call_id"], tool=eff["tool"],
-                state=str(EffectState.RECONCILED), meta={"effect_id": eff["effect_id"], "late_receipt": True})
-    emit(tx, "effect.state", {"call_id": eff["call_id"], "tool": eff["tool"], "state": str(EffectState.RECONCILED)},
+    append_item(tx, eff["session_id"], kind, "tool", content, item_id=item_id, work_id=eff["work_id"],
+                turn_id=eff["turn_id"], call_id=eff["call_id"], tool=eff["tool"], state=str(after), meta=meta)
+    emit(tx, "effect.state", {"call_id": eff["call_id"], "tool": eff["tool"], "state": str(after)},
          session_id=eff["session_id"], work_id=eff["work_id"])
     return True
+
+
+def request_cancel_tool(tx: Tx, session_id: str, effect_id: str) -> Row:
+    """A person cancels one running call: a durable request the worker (or, after a crash, the
+    Coordinator) acts on; the turn goes on with the cancelled result. 404 unknown, 409 not running."""
+    # the call's effect id, or its call id (what a transcript item carries)
+    eff = tx.one("SELECT * FROM effects WHERE (effect_id = ? OR call_id = ?) AND session_id = ?",
+                 (effect_id, effect_id, session_id))
+    if eff is None:
+        raise NotFound(f"no tool call {effect_id} in session {session_id}")
+    if eff["state"] != EffectState.DISPATCHED:
+        raise VersionConflict(f"tool call {effect_id} is not running ({eff['state']})")
+    tx.execute("UPDATE effects SET cancel_requested_at = COALESCE(cancel_requested_at, ?) WHERE effect_id = ?",
+               (time.time(), eff["effect_id"]))
+    emit(tx, "effect.cancel_requested", {"effect_id": eff["effect_id"], "call_id": eff["call_id"], "tool": eff["tool"]},
+         session_id=session_id, work_id=eff["work_id"])
+    return eff
+
+
+def cancel_cause(tx: Tx, effect_id: str) -> str | None:
+    """Why a running call must be cancelled now: ``stop`` (its work was stopped or ended), ``tool``
+    (a person cancelled this call), or None."""
+    row = tx.one(
+        "SELECT e.cancel_requested_at, w.desired_state FROM effects e JOIN work_items w ON w.work_id = e.work_id"
+        " WHERE e.effect_id = ?", (effect_id,),
+    )
+    if row is None:
+        return None
+    if row["desired_state"] == DesiredState.CANCELLED:
+        return "stop"
+    return "tool" if row["cancel_requested_at"] is not None else None
+
+
+def tools_to_cancel(tx: Tx) -> list[Row]:
+    """Running shell calls that a stop or a cancel request has condemned, with whether an attempt of a
+    live worker still owns them (that worker cancels and commits; the Coordinator only makes sure)."""
+    return tx.all(TOOLS_TO_CANCEL_SQL)
+
+
+TOOLS_TO_CANCEL_SQL = (
+    "SELECT e.*, w.desired_state, (SELECT COUNT(*) FROM attempts a WHERE a.attempt_id = e.attempt_id"
+    " AND a.state = 'running') AS owned FROM effects e JOIN work_items w ON w.work_id = e.work_id"
+    # the ``IN`` term lets SQLite read the partial index of open calls (effects_open), not every call
+    " WHERE e.state IN ('planned', 'dispatched') AND e.state = 'dispatched' AND e.tool = 'shell'"
+    " AND (w.desired_state = 'cancelled' OR e.cancel_requested_at IS NOT NULL) ORDER BY e.seq"
+)
+
+
+def commit_cancelled(tx: Tx, eff: Row, content: str) -> bool:
+    """A cancelled call's result (real exit status and the output so far), once; ``dispatched`` only."""
+    return _settle_effect(tx, eff, EffectState.DISPATCHED, EffectState.CANCELLED, content, ItemKind.TOOL_RESULT,
+                          f"result:{eff['call_id']}")
 
 
 def unknown_effects(tx: Tx, work_id: str) -> list[Row]:
     """The unknown-effect set of a work item, scoped by conversation provenance: its own executions
     and those of the subtasks and Jobs it invoked, never every execution of an invoked session."""
-    return tx.all(
-        "SELECT effect_id, call_id, tool, arguments, capability FROM effects WHERE state = 'unknown'"
-        " AND capability NOT IN ('read_only', 'state_probe') AND (work_id = ?"
-        " OR work_id IN (SELECT work_id FROM work_items WHERE parent_work_id = ?)"
-        " OR work_id IN (SELECT work_id FROM jobs WHERE caller_work_id = ?)) ORDER BY seq",
-        (work_id, work_id, work_id),
-    )
+    return tx.all(UNKNOWN_EFFECTS_SQL, (work_id, work_id, work_id))
+
+
+# the partial index ``effects_unknown`` holds unknown outcomes only: an admission pass costs nothing per
+# settled call (issue 14)
+UNKNOWN_EFFECTS_SQL = (
+    "SELECT effect_id, call_id, tool, arguments, capability FROM effects WHERE state = 'unknown'"
+    " AND capability NOT IN ('read_only', 'state_probe') AND (work_id = ?"
+    " OR work_id IN (SELECT work_id FROM work_items WHERE parent_work_id = ?)"
+    " OR work_id IN (SELECT work_id FROM jobs WHERE caller_work_id = ?)) ORDER BY seq"
+)
 
 
 # --------------------------------------------------------------------------- approvals
@@ -892,6 +1198,25 @@ def lose_request(tx: Tx, request_id: str, error: str | None = None) -> None:
     enqueue_outbox(tx, f"lost:{request_id}", "usage.lost", _attribution(tx, request_id))
 
 
+def failed_request_count(tx: Tx, turn_id: str) -> int:
+    """Requests of a turn that failed or were lost (the provider retry's ordinal)."""
+    return int(tx.scalar("SELECT COUNT(*) AS n FROM requests WHERE turn_id = ? AND state IN ('failed', 'lost')",
+                         (turn_id,)) or 0)
+
+
+def goal_has_requests(tx: Tx, goal_id: str) -> bool:
+    return tx.one("SELECT request_id FROM requests WHERE goal_id = ? LIMIT 1", (goal_id,)) is not None
+
+
+def goal_requests(tx: Tx, goal_id: str) -> list[Row]:
+    """A Goal's requests with what each consumed or reserved (every purpose)."""
+    return tx.all(
+        "SELECT state, usage_known, partial, tokens, cost_usd, reserved_usd, reserved_tokens FROM requests"
+        " WHERE goal_id = ?",
+        (goal_id,),
+    )
+
+
 def active_time(tx: Tx, *, session_id: str | None = None, work_id: str | None = None,
                 goal_id: str | None = None, now: float | None = None) -> dict[str, Any]:
     """Active time from the attempts' durable start/stop records (never reset by recovery).
@@ -959,6 +1284,17 @@ def outbox_retry(tx: Tx, op_key: str, error: str, delay: float) -> None:
         "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? WHERE op_key = ?",
         (error[:500], time.time() + delay, op_key),
     )
+
+
+def requeue_done_outbox(tx: Tx) -> int:
+    """Every operation already applied to the usage ledger, pending again: a usage database that is
+    new (deleted, or a fresh shared schema) is rebuilt from control.db's own record of them. Applying
+    is idempotent per key, so nothing is counted twice."""
+    return tx.execute("UPDATE outbox SET state = 'pending', next_attempt_at = 0, attempts = 0 WHERE state = 'done'")
+
+
+def done_outbox_count(tx: Tx) -> int:
+    return int(tx.scalar("SELECT COUNT(*) AS n FROM outbox WHERE state = 'done'") or 0)
 
 
 def pending_outbox_count(tx: Tx) -> int:

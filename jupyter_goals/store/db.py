@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import random
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -22,7 +25,26 @@ Row = dict[str, Any]
 
 
 class StorageUnavailable(Exception):
-    """The database cannot be opened or read. Nothing is cleared; the caller shows the state."""
+    """The database cannot be opened, read or written. Nothing is cleared; the caller shows the state.
+    ``code``: ``storage_full`` (no space left for a commit), ``storage_locked`` (another process held
+    the write lock past the busy timeout) or ``storage_unavailable`` (anything else)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code or storage_code(message)
+
+
+class StorageLocked(StorageUnavailable, sqlite3.OperationalError):
+    """SQLite's write lock was not free within the busy timeout (still an ``OperationalError``)."""
+
+
+def storage_code(message: str) -> str:
+    text = message.lower()
+    if "disk is full" in text or "no space left" in text or "could not extend file" in text:
+        return "storage_full"
+    if "database is locked" in text or "lock timeout" in text:
+        return "storage_locked"
+    return "storage_unavailable"
 
 
 class MigrationFailed(Exception):
@@ -39,6 +61,13 @@ class VersionConflict(Exception):
 
 class NotFound(Exception):
     pass
+
+
+class WouldWrite(Exception):
+    """A read-only probe (:meth:`Database.run_write_if_needed`) reached its first write."""
+
+
+_READS = ("SELECT", "WITH", "PRAGMA")
 
 
 @functools.cache
@@ -115,6 +144,19 @@ class Tx:
             return int(self.scalar(f"SELECT COALESCE(MAX(seq), 0) AS v FROM {table}") or 0)
         return int(self.scalar("SELECT value FROM counters WHERE name = ?", (counter,)) or 0)
 
+    @contextmanager
+    def savepoint(self, name: str) -> Iterator[None]:
+        """Statements inside the block are undone (and the exception re-raised) if it raises; the
+        rest of the transaction stays."""
+        self._conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
+            self._conn.execute(f"RELEASE SAVEPOINT {name}")
+            raise
+        self._conn.execute(f"RELEASE SAVEPOINT {name}")
+
     def script(self, sql: str) -> None:
         """Run several DDL statements (migrations). Statements are split on ';' at line ends."""
         for stmt in re.split(r";\s*\n", sql):
@@ -122,11 +164,49 @@ class Tx:
                 self._conn.execute(stmt)
 
 
+class _ProbeTx(Tx):
+    """A read transaction that stops at the first statement that would write (``WouldWrite``)."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        if not sql.lstrip().upper().startswith(_READS):
+            raise WouldWrite(sql)
+        return super().execute(sql, params)
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        if not sql.lstrip().upper().startswith(_READS):
+            raise WouldWrite(sql)
+        return super().all(sql, params)
+
+    def insert_seq(self, table: str, counter: str, columns: Sequence[str], values: Sequence[Any], *,
+                   unique: str | None = None) -> int | None:
+        raise WouldWrite(f"INSERT INTO {table}")
+
+    @contextmanager
+    def savepoint(self, name: str) -> Iterator[None]:
+        raise WouldWrite(f"SAVEPOINT {name}")
+        yield  # pragma: no cover
+
+    def script(self, sql: str) -> None:
+        raise WouldWrite(sql)
+
+
+class _Lane:
+    """One connection, the lock that serializes its transactions, and (off-loop) its own thread."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.conn: Any = None
+        self.lock = threading.Lock()
+        self.executor: ThreadPoolExecutor | None = None
+
+
 class Database:
     """A SQLite file (WAL, synchronous=FULL, busy timeout) or a PostgreSQL database.
 
     ``inline=True`` runs SQLite transactions directly in the calling thread: used by worker
     processes, whose event loop exists to run durable steps (see docs/architecture.md).
+    Otherwise read-only transactions (``write=False``) run on a connection and thread of their own,
+    so a read never queues behind a write transaction that waits for the database's write lock.
     """
 
     def __init__(self, url: str, *, inline: bool = False, busy_timeout_ms: int = 10000) -> None:
@@ -135,10 +215,11 @@ class Database:
         self.path = url.removeprefix("sqlite:///") if self.dialect == "sqlite" else None
         self.inline = inline and self.dialect == "sqlite"
         self.busy_timeout_ms = busy_timeout_ms
-        self._executor: ThreadPoolExecutor | None = None
-        self._conn: Any = None
-        self._lock = threading.Lock()
+        self._writer = _Lane("jupyter-goals-db")
+        self._reader = self._writer if self.inline else _Lane("jupyter-goals-db-read")
         self._closed = False  # after close() nothing reopens the connection behind the owner's back
+        # the last storage failure of a read / a write transaction, until one succeeds again (health)
+        self.problems: dict[str, StorageUnavailable] = {}
 
     # ------------------------------------------------------------------ connection
     def _connect(self) -> Any:
@@ -165,47 +246,113 @@ class Database:
         except psycopg.Error as exc:
             raise StorageUnavailable(f"cannot connect to {self.url}: {exc}") from exc
 
+    def _lane(self, write: bool) -> _Lane:
+        return self._writer if write else self._reader
+
     def _ensure(self) -> Any:
-        if self._conn is None:
-            self._conn = self._connect()
-        return self._conn
+        """The write connection, opened if needed (tests trace its statements)."""
+        if self._writer.conn is None:
+            self._writer.conn = self._connect()
+        return self._writer.conn
 
     # ------------------------------------------------------------------ transactions
-    def transact(self, fn: Callable[[Tx], T], *, write: bool = True) -> T:
-        """Run ``fn`` in one transaction on the calling thread (commit on return, rollback on raise)."""
-        with self._lock:
+    def transact(self, fn: Callable[[Tx], T], *, write: bool = True, probe: bool = False,
+                 lock_wait_ms: int | None = None) -> T:
+        """Run ``fn`` in one transaction on the calling thread (commit on return, rollback on raise).
+        ``probe``: a read transaction in which the first write raises ``WouldWrite``."""
+        if probe:
+            write = False
+        lane = self._lane(write)
+        with lane.lock:
             if self._closed:
                 raise StorageUnavailable(f"{self.dialect} database {self.path or ''} is closed")
-            conn = self._ensure()
-            tx = Tx(conn, self.dialect)
+            if lane.conn is None:
+                try:
+                    lane.conn = self._connect()
+                except StorageUnavailable as exc:
+                    self.problems["write" if write else "read"] = exc
+                    raise
+            conn = lane.conn
+            tx = _ProbeTx(conn, self.dialect) if probe else Tx(conn, self.dialect)
             try:
                 if self.dialect == "sqlite":
-                    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                    if write:
+                        self._begin_immediate(conn, self.busy_timeout_ms if lock_wait_ms is None else lock_wait_ms)
+                    else:
+                        conn.execute("BEGIN")
                 else:
                     conn.execute("BEGIN")
                 result = fn(tx)
                 conn.execute("COMMIT")
+                if self.problems:
+                    self.problems.pop("write" if write else "read", None)
                 return result
             except BaseException as exc:
                 try:
                     conn.execute("ROLLBACK")
                 except Exception:
-                    self._reset()
+                    self._reset(lane)
+                failure: StorageUnavailable | None = exc if isinstance(exc, StorageUnavailable) else None
                 if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.IntegrityError):
                     msg = str(exc)
-                    if "database is locked" not in msg:
-                        self._reset()
-                        raise StorageUnavailable(msg) from exc
-                if self.dialect == "postgresql":
+                    if "database is locked" in msg:
+                        failure = StorageLocked(msg, "storage_locked")
+                    else:
+                        self._reset(lane)
+                        failure = StorageUnavailable(msg)
+                elif self.dialect == "postgresql":
                     import psycopg
 
                     if isinstance(exc, psycopg.OperationalError):
-                        self._reset()
-                        raise StorageUnavailable(str(exc)) from exc
-                raise
+                        self._reset(lane)
+                        failure = StorageUnavailable(str(exc))
+                if failure is None:
+                    raise
+                self.problems["write" if write else "read"] = failure
+                if failure is exc:
+                    raise
+                raise failure from exc
 
-    def _reset(self) -> None:
-        conn, self._conn = self._conn, None
+    def recheck(self) -> dict[str, StorageUnavailable]:
+        """Whether the recorded problems still hold, without writing anything (for health): no space is
+        rechecked from the file system's free space, a lock by taking and releasing the write lock, a
+        read problem by a read. A problem that is gone is forgotten; the next failure records it again."""
+        for kind, problem in list(self.problems.items()):
+            try:
+                if problem.code == "storage_full" and self.path:
+                    st = os.statvfs(os.path.dirname(os.path.abspath(self.path)))
+                    if st.f_bavail * st.f_frsize >= 4 * 1024 * 1024:
+                        self.problems.pop(kind, None)
+                else:
+                    # commits nothing; a lock still held answers within 200 ms, not the busy timeout
+                    self.transact(lambda tx: None, write=kind == "write", lock_wait_ms=200)
+            except (StorageUnavailable, OSError):
+                pass
+        return dict(self.problems)
+
+    def _begin_immediate(self, conn: sqlite3.Connection, wait_ms: int) -> None:
+        """Take SQLite's write lock, trying again about every millisecond while another process holds
+        it, up to the busy timeout. SQLite's own busy handler backs off to 100 ms sleeps, so a process
+        that writes in a tight loop (a busy worker) takes the lock again and again while the others
+        sleep: another session's message waited ~70 ms for its commit (bench/long_session.py). Short
+        polls make the wait about one of the busy writer's transactions, not a backoff step."""
+        conn.execute("PRAGMA busy_timeout=0")
+        try:
+            deadline = time.monotonic() + wait_ms / 1000
+            while True:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or time.monotonic() >= deadline:
+                        raise
+                time.sleep(0.0005 + random.random() * 0.001)  # jitter: waiters do not retry in step
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+
+    @staticmethod
+    def _reset(lane: _Lane) -> None:
+        conn, lane.conn = lane.conn, None
         if conn is not None:
             try:
                 conn.close()
@@ -216,23 +363,46 @@ class Database:
         """Run ``fn`` as one transaction with at most one thread hop."""
         if self.inline:
             return self.transact(fn, write=write)
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jupyter-goals-db")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: self.transact(fn, write=write))
+        return await self._on_lane(self._lane(write), lambda: self.transact(fn, write=write))
+
+    async def _on_lane(self, lane: _Lane, call: Callable[[], T]) -> T:
+        if lane.executor is None:
+            lane.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=lane.name)
+        return await asyncio.get_running_loop().run_in_executor(lane.executor, call)
+
+    def transact_write_if_needed(self, fn: Callable[[Tx], T]) -> T:
+        """:meth:`run_write_if_needed` on the calling thread."""
+        try:
+            return self.transact(fn, probe=True)
+        except WouldWrite:
+            return self.transact(fn)
+
+    async def run_write_if_needed(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in a read transaction; only when it reaches a write, run it again from the start
+        in a write transaction. So a pass that finds nothing to change (an idle admission tick, a
+        worker finding nothing to claim) takes no write lock and commits nothing. ``fn`` must be
+        harmless to repeat up to its first write (reads, and pure bookkeeping it redoes)."""
+        try:
+            if self.inline:
+                return self.transact(fn, probe=True)
+            return await self._on_lane(self._reader, lambda: self.transact(fn, probe=True))
+        except WouldWrite:
+            return await self.run(fn)
 
     def close(self) -> None:
-        def _close() -> None:
-            with self._lock:
-                self._closed = True
-                self._reset()
+        self._closed = True  # after close() nothing reopens a connection behind the owner's back
+        for lane in {id(self._writer): self._writer, id(self._reader): self._reader}.values():
 
-        if self._executor is not None:
-            self._executor.submit(_close).result(timeout=10)
-            self._executor.shutdown(wait=True)
-            self._executor = None
-        else:
-            _close()
+            def _close(lane: _Lane = lane) -> None:
+                with lane.lock:
+                    self._reset(lane)
+
+            if lane.executor is not None:
+                lane.executor.submit(_close).result(timeout=10)
+                lane.executor.shutdown(wait=True)
+                lane.executor = None
+            else:
+                _close()
 
     def is_integrity_error(self, exc: BaseException) -> bool:
         if isinstance(exc, sqlite3.IntegrityError):

@@ -71,6 +71,11 @@ def get_goal(tx: Tx, goal_id: str) -> Row:
     return _parse(row)
 
 
+def find_goal(tx: Tx, goal_id: str) -> Row | None:
+    row = tx.one("SELECT * FROM goals WHERE goal_id = ?", (goal_id,))
+    return None if row is None else _parse(row)
+
+
 def goal_of_work(tx: Tx, work_id: str) -> Row | None:
     row = tx.one("SELECT * FROM goals WHERE work_id = ?", (work_id,))
     return None if row is None else _parse(row)
@@ -157,6 +162,18 @@ def insert_acceptance(tx: Tx, goal: Row, revision: int, outcome: str, verdicts: 
     emit(tx, "goal.acceptance", {"goal_id": goal["goal_id"], "result_version": version, "revision": revision,
                                  "outcome": outcome}, session_id=goal["session_id"], work_id=goal["work_id"])
     return version
+
+
+def evidence_effects(tx: Tx, work_id: str) -> list[Row]:
+    """Acceptance evidence: the calls of a Goal's work item and of its subtasks (any depth), oldest
+    first, with their capability, state, result and times."""
+    return tx.all(
+        "WITH RECURSIVE tree(work_id) AS (SELECT ? UNION SELECT w.work_id FROM work_items w"
+        " JOIN tree ON w.parent_work_id = tree.work_id)"
+        " SELECT work_id, call_id, tool, arguments, capability, state, result, dispatched_at, ended_at FROM effects"
+        " WHERE work_id IN (SELECT work_id FROM tree) ORDER BY seq",
+        (work_id,),
+    )
 
 
 def latest_acceptance(tx: Tx, goal_id: str) -> Row | None:

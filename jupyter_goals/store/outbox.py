@@ -43,17 +43,21 @@ class OutboxDispatcher:
 
     async def _dispatch_one(self, row: dict[str, Any]) -> int:
         key, kind, payload = str(row["op_key"]), str(row["kind"]), dict(row["payload"])
+        applied = False
         try:
             crash_point("usage.before_persist")
             await self.usage.run(lambda tx: self._apply(tx, kind, key, payload))
             crash_point("usage.after_persist")
             if self.after_usage_commit is not None:
                 self.after_usage_commit(key)
-            self.last_error = None
+            applied, self.last_error = True, None
             await self.control.run(lambda tx: c.outbox_done(tx, key, payload))
             return 1
         except Exception as exc:
-            self.last_error = f"{type(exc).__name__}: {exc}"
+            # only a usage.db failure degrades the ledger: a lost done mark (control.db) is retried
+            # harmlessly, and nothing later might clear an error reported for it
+            if not applied:
+                self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("outbox %s failed (attempt %s): %s", key, row["attempts"] + 1, exc)
             error, delay = str(exc), backoff(int(row["attempts"]))
             try:

@@ -212,6 +212,42 @@ CREATE INDEX waits_work ON waits (work_id, state);
 CREATE INDEX waits_handle ON waits (handle, state)
 """,
     ),
+    (
+        6,
+        "notebook sessions: one durable session per notebook path, kept across renames",
+        """
+CREATE TABLE notebook_sessions (
+  path TEXT PRIMARY KEY, session_id TEXT NOT NULL,
+  created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL);
+CREATE INDEX notebook_sessions_session ON notebook_sessions (session_id)
+""",
+    ),
+    (
+        7,
+        "front door: work and attempts by session (session lists, snapshots), recovery summaries by pass",
+        """
+CREATE INDEX work_items_session ON work_items (session_id, created_at);
+CREATE INDEX attempts_session ON attempts (session_id);
+CREATE INDEX recovery_decisions_claimed ON recovery_decisions (claimed_by)
+""",
+    ),
+    (
+        8,
+        "Stop cancels running tools: a durable cancel request per effect (cancel_tool)",
+        """
+ALTER TABLE effects ADD COLUMN cancel_requested_at DOUBLE PRECISION
+""",
+    ),
+    (
+        9,
+        "constant-cost steps and admission: a turn's open tool calls, and unknown outcomes, without reading settled calls",
+        """
+CREATE INDEX effects_open ON effects (turn_id, seq) WHERE state IN ('planned', 'dispatched');
+CREATE INDEX effects_unknown ON effects (work_id) WHERE state = 'unknown';
+CREATE INDEX jobs_caller ON jobs (caller_work_id);
+CREATE INDEX transcript_response ON transcript (response_id) WHERE response_id IS NOT NULL
+""",
+    ),
 ]
 
 USAGE_MIGRATIONS: list[Migration] = [
@@ -258,6 +294,11 @@ CREATE TABLE prices (
 ]
 
 MIGRATIONS = {"control": CONTROL_MIGRATIONS, "usage": USAGE_MIGRATIONS}
+
+
+def quick_check(tx: Tx) -> list[str]:
+    """SQLite's ``PRAGMA quick_check``: ``["ok"]``, or the problems it found (for ``jupyter goals doctor``)."""
+    return [str(r["quick_check"]) for r in tx.all("PRAGMA quick_check")]
 
 
 def current_version(tx: Tx) -> int:

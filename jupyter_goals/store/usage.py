@@ -88,6 +88,8 @@ def apply_receipt(tx: Tx, op_key: str, r: dict[str, Any], prices: PriceTable | N
     if n == 1:
         tx.execute("UPDATE requests SET state = 'settled', settled_at = ? WHERE request_id = ?",
                    (time.time(), r["request_id"]))
+        if usage is not None and usage.service_tier:  # the tier that served it, as the provider reported
+            tx.execute("UPDATE requests SET service_tier = ? WHERE request_id = ?", (usage.service_tier, r["request_id"]))
     return n == 1
 
 

@@ -99,15 +99,93 @@ export interface IHistoryRecord {
   read_only: boolean;
 }
 
+/** One durable transcript record (DESIGN §10: at least item_id, seq, kind, role, content). */
+export interface ITranscriptItem {
+  item_id: string;
+  seq: number;
+  kind: string;
+  role: string;
+  content: string;
+  call_id?: string | null;
+  tool?: string | null;
+  arguments?: Record<string, unknown> | null;
+  state?: string | null;
+  work_id?: string | null;
+  turn_id?: string | null;
+  meta?: Record<string, unknown>;
+}
+
+/** A page of the transcript: `next_cursor` pages forward (`after=`), `prev_cursor` backward (`before=`). */
+export interface ITranscriptPage {
+  items: ITranscriptItem[];
+  next_cursor?: number | null;
+  prev_cursor?: number | null;
+}
+
+/** The session row itself (`model` is a configured model name or `provider:model`). */
+export interface ISessionInfo {
+  session_id: string;
+  title?: string | null;
+  cwd?: string | null;
+  model?: string | null;
+  permissions?: { mode?: string; allow?: unknown[] } | null;
+}
+
 /** `GET /api/goals/sessions/{id}` */
 export interface ISessionSnapshot {
-  session: { session_id: string; title?: string | null };
+  session: ISessionInfo;
   work: IWorkView | null;
   goal: IGoal | null;
   todo?: ITodoItem[];
   approvals: IApproval[];
   actions: IActions;
   event_seq: number;
+  transcript?: ITranscriptPage;
+}
+
+/** One entry of `GET /api/goals/models`. */
+export interface IModelInfo {
+  name: string;
+  provider: string;
+  model: string;
+  credentials_present: boolean;
+  priced: boolean;
+  default?: boolean;
+  description?: string | null;
+}
+
+/** `GET /api/goals/models` */
+export interface IModelList {
+  models: IModelInfo[];
+  default_model?: string | null;
+}
+
+/** One recorded recovery decision of `GET /api/goals/recovery`. */
+export interface IRecoveryItem {
+  work_id: string;
+  session_id: string;
+  session_title?: string | null;
+  kind?: string;
+  outcome: string;
+  reason_code?: string | null;
+  reason?: string | null;
+  decided_at?: number | null;
+  actions?: Partial<IActions> | null;
+}
+
+/** `GET /api/goals/recovery`: the last recovery pass. */
+export interface IRecovery {
+  recovered_at?: number | null;
+  host_name?: string;
+  boot_id?: string;
+  counts: Record<string, number>;
+  items: IRecoveryItem[];
+}
+
+/** `POST /api/goals/sessions/{id}/messages` → 202 */
+export interface IMessageAccepted {
+  message_id: string;
+  work_id: string;
 }
 
 /** One entry of `GET /api/goals/events?format=json`. */
@@ -123,12 +201,14 @@ export interface IGoalsEvent {
 export interface ISessionSummary {
   session_id: string;
   title?: string | null;
+  model?: string | null;
   work: IWorkView | null;
 }
 
-/** `GET /api/goals/sessions` */
+/** `GET /api/goals/sessions?limit=&cursor=` (keyset paging: `next_cursor` null on the last page). */
 export interface ISessionList {
   sessions: ISessionSummary[];
+  next_cursor?: string | number | null;
 }
 
 /** A request to the goals REST API that did not produce the expected JSON. */

@@ -4,19 +4,19 @@ import {
   IGoal,
   IHistoryRecord,
   ISessionSnapshot,
-  postGoalsAPI,
   requestGoalsAPI
 } from './api';
 import { debounce, sharedEventFeed } from './events';
 import {
   actionBar,
-  actionErrorText,
   alertNode,
   approvalView,
   badge,
   el,
   goalView,
   historyRow,
+  postAction,
+  replaceKeepingFocus,
   SESSION_ACTIONS,
   showAlert,
   unavailableNode
@@ -214,16 +214,11 @@ export class SessionDetail {
       }
       parts.push(box);
     }
-    this._body.replaceChildren(...parts);
+    replaceKeepingFocus(this._body, ...parts);
   }
 
   private async _act(path: string, body: unknown): Promise<void> {
-    try {
-      await postGoalsAPI(path, body, this._settings);
-      showAlert(this._alert, null);
-    } catch (error) {
-      showAlert(this._alert, actionErrorText(error));
-    }
+    await postAction(path, body, this._settings, this._alert);
     this._onChanged();
     await this.refresh();
   }

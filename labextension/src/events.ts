@@ -1,3 +1,4 @@
+import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import { IGoalsEvent, requestGoalsAPI } from './api';
@@ -8,8 +9,14 @@ import { IGoalsEvent, requestGoalsAPI } from './api';
  */
 export type EventListener = (events: IGoalsEvent[] | null) => void;
 
+/** How the feed follows the server now (views show "reconnecting…" while it is `down`). */
+export type FeedMode = 'idle' | 'streaming' | 'polling' | 'down';
+
 export const POLL_INTERVAL_MS = 1000;
-const MAX_BACKOFF_MS = 10000;
+const FIRST_BACKOFF_MS = 250;
+const MAX_BACKOFF_MS = 3000;
+/** In polling fallback, try the stream again after this many good polls. */
+const POLLS_BEFORE_STREAM_RETRY = 10;
 const PAGE = 500;
 /** `after=` larger than any seq: answers no events, only `last_seq`. */
 const NEWEST = Number.MAX_SAFE_INTEGER;
@@ -19,11 +26,19 @@ interface IEventPage {
   last_seq: number;
 }
 
+/** The stream ended or broke after it had opened (the server went away, a proxy cut it). */
+class StreamClosed extends Error {}
+/** The stream could not be opened or read at all (streaming does not work here). */
+class StreamUnsupported extends Error {}
+
 /**
- * One JSON-polling reader of `GET /api/goals/events?after=SEQ` shared by every view of a page
- * (the sidebar and every notebook output). It runs only while someone listens. Views never apply
- * events as state: they re-read the REST snapshot they show when a relevant event arrives, so a
- * missed or repeated event cannot leave a view wrong.
+ * The page's one reader of `GET /api/goals/events` shared by every view (the sidebar, the session
+ * views and every notebook output). It follows the Server-Sent Events stream read with `fetch()`
+ * and Jupyter's auth headers (token + XSRF, through `ServerConnection.makeRequest`), resuming after
+ * the last seen `seq`; it falls back to JSON polling (`?format=json`) only while streaming fails,
+ * and reconnects with backoff when the server is gone. It runs only while someone listens. Views
+ * never apply events as state: they re-read the REST snapshot they show when a relevant event
+ * arrives, so a missed or repeated event cannot leave a view wrong.
  */
 export class EventFeed {
   constructor(
@@ -34,68 +49,176 @@ export class EventFeed {
   /** Start listening; the returned function stops. */
   subscribe(listener: EventListener): () => void {
     this._listeners.add(listener);
-    if (this._timer === null && !this._busy) {
-      this._schedule(0);
+    if (!this._running) {
+      void this._run();
     }
     return () => {
       this._listeners.delete(listener);
       if (this._listeners.size === 0) {
-        if (this._timer !== null) {
-          window.clearTimeout(this._timer);
-          this._timer = null;
-        }
-        this._cursor = null; // a later subscriber starts with a resync
+        this._abort?.abort();
+        this._wake?.();
       }
     };
   }
 
-  /** True while the last poll failed (views may say their data could be stale). */
+  /**
+   * Another read just reached the server: while the feed waits to reconnect, try now (so an open
+   * view follows events again at once instead of after the rest of the backoff).
+   */
+  nudge(): void {
+    if (this._mode === 'down') {
+      this._wake?.();
+    }
+  }
+
+  /** True while the server cannot be read (views may say their data could be stale). */
   get failing(): boolean {
     return this._failures > 0;
   }
 
-  private _schedule(ms: number): void {
-    this._timer = window.setTimeout(() => {
-      this._timer = null;
-      void this._poll();
-    }, ms);
+  get mode(): FeedMode {
+    return this._mode;
   }
 
-  private async _poll(): Promise<void> {
-    if (this._listeners.size === 0) {
-      return;
-    }
-    this._busy = true;
-    let delay = this._intervalMs;
+  /** The last seq every listener has been given. */
+  get cursor(): number | null {
+    return this._cursor;
+  }
+
+  private async _run(): Promise<void> {
+    this._running = true;
+    this._cursor = null; // a new run starts with a resync
+    let streamBroken = 0;
+    let goodPolls = 0;
     try {
-      if (this._cursor === null) {
-        const page = await this._page(NEWEST, 1);
-        this._cursor = page.last_seq;
-        this._failures = 0;
-        this._emit(null);
-      } else {
-        const page = await this._page(this._cursor, PAGE);
-        const resync = this._failures > 0 || page.last_seq < this._cursor;
-        this._failures = 0;
-        if (resync) {
-          this._cursor = page.last_seq;
-          this._emit(null);
-        } else if (page.events.length > 0) {
-          this._cursor = page.events[page.events.length - 1].seq;
-          this._emit(page.events);
-          if (page.events.length >= PAGE) {
-            delay = 0;
+      while (this._listeners.size > 0) {
+        let delay = 0;
+        try {
+          await this._catchUp();
+          if (streamBroken === 0 || goodPolls >= POLLS_BEFORE_STREAM_RETRY) {
+            goodPolls = 0;
+            this._mode = 'streaming';
+            try {
+              await this._stream();
+            } catch (error) {
+              if (error instanceof StreamUnsupported) {
+                streamBroken += 1;
+              } else {
+                throw error;
+              }
+            }
+            if (streamBroken > 0) {
+              this._mode = 'polling';
+            }
+          } else {
+            this._mode = 'polling';
+            goodPolls += 1;
+            delay = this._intervalMs;
           }
+        } catch {
+          if (this._listeners.size === 0) {
+            break;
+          }
+          this._failures += 1;
+          this._mode = 'down';
+          delay = Math.min(FIRST_BACKOFF_MS * 2 ** (this._failures - 1), MAX_BACKOFF_MS);
+        }
+        if (delay > 0 && this._listeners.size > 0) {
+          await this._sleep(delay);
         }
       }
-    } catch {
-      this._failures += 1;
-      delay = Math.min(this._intervalMs * 2 ** this._failures, MAX_BACKOFF_MS);
     } finally {
-      this._busy = false;
+      this._running = false;
+      this._mode = 'idle';
+      this._abort = null;
     }
-    if (this._listeners.size > 0 && this._timer === null) {
-      this._schedule(delay);
+  }
+
+  /** Read what is new with one JSON page; the first read and any read after a failure resync. */
+  private async _catchUp(): Promise<void> {
+    if (this._cursor === null) {
+      const page = await this._page(NEWEST, 1);
+      this._cursor = page.last_seq;
+      this._failures = 0;
+      this._emit(null);
+      return;
+    }
+    const page = await this._page(this._cursor, PAGE);
+    const resync = this._failures > 0 || page.last_seq < this._cursor;
+    this._failures = 0;
+    if (resync) {
+      this._cursor = page.last_seq;
+      this._emit(null);
+    } else if (page.events.length > 0) {
+      this._cursor = page.events[page.events.length - 1].seq;
+      this._emit(page.events);
+    }
+  }
+
+  /** Follow the SSE stream from the cursor until it ends; events go to listeners as they arrive. */
+  private async _stream(): Promise<void> {
+    const abort = new AbortController();
+    this._abort = abort;
+    const url = URLExt.join(this._settings.baseUrl, 'api/goals/events') + `?after=${this._cursor ?? 0}`;
+    let response: Response;
+    try {
+      response = await ServerConnection.makeRequest(
+        url,
+        {
+          method: 'GET',
+          cache: 'no-store',
+          signal: abort.signal,
+          headers: { Accept: 'text/event-stream' }
+        },
+        this._settings
+      );
+    } catch (error) {
+      if (abort.signal.aborted) {
+        return;
+      }
+      throw new StreamClosed(String(error)); // the server is not there: back off and catch up
+    }
+    const type = response.headers.get('Content-Type') ?? '';
+    if (!response.ok || !response.body || !type.includes('text/event-stream')) {
+      if (response.status >= 500 || response.status === 0) {
+        throw new StreamClosed(`HTTP ${response.status}`);
+      }
+      throw new StreamUnsupported(`HTTP ${response.status} ${type}`);
+    }
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = '';
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) {
+          break;
+        }
+        buffer += decoder.decode(value, { stream: true });
+        const frames = buffer.split(/\r?\n\r?\n/);
+        buffer = frames.pop() ?? '';
+        const batch: IGoalsEvent[] = [];
+        for (const frame of frames) {
+          const event = parseFrame(frame);
+          if (event && (this._cursor === null || event.seq > this._cursor)) {
+            batch.push(event);
+            this._cursor = event.seq;
+          }
+        }
+        if (batch.length > 0) {
+          this._emit(batch);
+        }
+      }
+    } catch (error) {
+      if (abort.signal.aborted) {
+        return;
+      }
+      throw new StreamClosed(String(error));
+    } finally {
+      reader.cancel().catch(() => undefined);
+    }
+    if (!abort.signal.aborted) {
+      throw new StreamClosed('the event stream ended');
     }
   }
 
@@ -108,6 +231,20 @@ export class EventFeed {
       throw new Error('events: unexpected response');
     }
     return page;
+  }
+
+  private _sleep(ms: number): Promise<void> {
+    return new Promise(resolve => {
+      const timer = window.setTimeout(() => {
+        this._wake = null;
+        resolve();
+      }, ms);
+      this._wake = () => {
+        window.clearTimeout(timer);
+        this._wake = null;
+        resolve();
+      };
+    });
   }
 
   private _emit(events: IGoalsEvent[] | null): void {
@@ -123,8 +260,29 @@ export class EventFeed {
   private readonly _listeners = new Set<EventListener>();
   private _cursor: number | null = null;
   private _failures = 0;
-  private _timer: number | null = null;
-  private _busy = false;
+  private _running = false;
+  private _mode: FeedMode = 'idle';
+  private _abort: AbortController | null = null;
+  private _wake: (() => void) | null = null;
+}
+
+/** One SSE frame (`id:`, `event:`, `data:` lines; `:` comments are keep-alives) → event or null. */
+export function parseFrame(frame: string): IGoalsEvent | null {
+  const data: string[] = [];
+  for (const line of frame.split(/\r?\n/)) {
+    if (line.startsWith('data:')) {
+      data.push(line.slice(5).replace(/^ /, ''));
+    }
+  }
+  if (data.length === 0) {
+    return null;
+  }
+  try {
+    const event = JSON.parse(data.join('\n')) as IGoalsEvent;
+    return typeof event?.seq === 'number' ? event : null;
+  } catch {
+    return null;
+  }
 }
 
 let shared: EventFeed | null = null;

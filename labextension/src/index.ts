@@ -3,18 +3,25 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
+import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
+import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
 import { LabIcon } from '@jupyterlab/ui-components';
 
+import { newChat } from './newchat';
+import { startNotifications } from './notify';
+import { SessionView } from './session';
 import { GoalsSidebar } from './sidebar';
 
 export { GoalsSidebar } from './sidebar';
+export { SessionView } from './session';
 export * from './api';
 
 /** Command ids. */
 export namespace CommandIDs {
   export const open = 'jupyter-goals:open';
   export const refresh = 'jupyter-goals:refresh';
+  export const newChat = 'jupyter-goals:new-chat';
+  export const openSession = 'jupyter-goals:open-session';
 }
 
 const GOALS_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
@@ -35,13 +42,81 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description:
     'A left-sidebar panel showing jupyter_goals server health and sessions.',
   autoStart: true,
-  optional: [ICommandPalette, ILayoutRestorer],
+  optional: [ICommandPalette, ILayoutRestorer, IDefaultFileBrowser],
   activate: (
     app: JupyterFrontEnd,
     palette: ICommandPalette | null,
-    restorer: ILayoutRestorer | null
+    restorer: ILayoutRestorer | null,
+    fileBrowser: IDefaultFileBrowser | null
   ): void => {
-    const sidebar = new GoalsSidebar();
+    const tracker = new WidgetTracker<MainAreaWidget<SessionView>>({ namespace: 'jupyter-goals-session' });
+
+    app.commands.addCommand(CommandIDs.openSession, {
+      label: args => (args.session_id ? `Goals: Open session ${String(args.session_id)}` : 'Goals: Open session'),
+      execute: async args => {
+        const sessionId = String(args.session_id ?? '');
+        if (!sessionId) {
+          return null;
+        }
+        const found = tracker.find(w => w.content.sessionId === sessionId);
+        if (found) {
+          if (!found.isAttached) {
+            app.shell.add(found, 'main');
+          }
+          app.shell.activateById(found.id);
+          return found;
+        }
+        const content = new SessionView(sessionId);
+        const widget = new MainAreaWidget({ content });
+        widget.id = `jupyter-goals-session-${sessionId}`;
+        widget.title.label = 'Chat';
+        widget.title.icon = goalsIcon;
+        widget.title.closable = true;
+        widget.node.dataset.testid = 'goals-session-widget';
+        content.title.changed.connect(() => {
+          widget.title.label = content.title.label;
+          widget.title.caption = content.title.caption;
+        });
+        await tracker.add(widget);
+        if (!widget.isAttached) {
+          app.shell.add(widget, 'main', { mode: args.mode === 'split-right' ? 'split-right' : 'tab-after' });
+        }
+        if (args.activate !== false) {
+          app.shell.activateById(widget.id);
+        }
+        return widget;
+      }
+    });
+
+    app.commands.addCommand(CommandIDs.newChat, {
+      label: 'Goals: New chat',
+      caption: 'Start a chat with an AI agent whose work survives restarts',
+      icon: goalsIcon,
+      execute: async () => {
+        const folder = fileBrowser?.model.path ?? '';
+        // the file browser's path is relative to the server root, which may carry a drive prefix
+        const relative = folder.includes(':') ? folder.split(':').slice(1).join(':') : folder;
+        const sessionId = await newChat(relative);
+        if (sessionId) {
+          await app.commands.execute(CommandIDs.openSession, { session_id: sessionId });
+          sidebar.refresh();
+        }
+        return sessionId;
+      }
+    });
+
+    if (restorer) {
+      void restorer.restore(tracker, {
+        command: CommandIDs.openSession,
+        args: widget => ({ session_id: widget.content.sessionId, activate: false }),
+        name: widget => widget.content.sessionId
+      });
+    }
+
+    const sidebar = new GoalsSidebar(undefined, {
+      openSession: sessionId => void app.commands.execute(CommandIDs.openSession, { session_id: sessionId }),
+      newChat: () => void app.commands.execute(CommandIDs.newChat)
+    });
     sidebar.title.icon = goalsIcon;
     sidebar.title.caption = 'Goals';
     app.shell.add(sidebar, 'left', { rank: 600 });
@@ -68,7 +143,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
     if (palette) {
       palette.addItem({ command: CommandIDs.open, category: 'Goals' });
       palette.addItem({ command: CommandIDs.refresh, category: 'Goals' });
+      palette.addItem({ command: CommandIDs.newChat, category: 'Goals' });
     }
+    void app.restored.then(() =>
+      startNotifications(sessionId => void app.commands.execute(CommandIDs.openSession, { session_id: sessionId }))
+    );
   }
 };
 

@@ -7,6 +7,8 @@ import {
   IGoal,
   IGoalsEvent,
   IHistoryRecord,
+  ISessionSnapshot,
+  ITranscriptItem,
   postGoalsAPI,
   requestGoalsAPI
 } from './api';
@@ -15,6 +17,7 @@ import {
   actionErrorText,
   alertNode,
   approvalView,
+  badge,
   el,
   goalView,
   historyRow,
@@ -25,6 +28,7 @@ import {
 export const GOAL_MIME = 'application/vnd.jupyter-goals.goal+json';
 export const APPROVAL_MIME = 'application/vnd.jupyter-goals.approval+json';
 export const HISTORY_MIME = 'application/vnd.jupyter-goals.history+json';
+export const CHAT_MIME = 'application/vnd.jupyter-goals.chat+json';
 
 /**
  * A notebook output that carries only ids and reads everything else from REST, re-reading it on
@@ -177,6 +181,53 @@ class HistoryOutput extends LiveOutput {
   }
 }
 
+/** Transcript kinds a chat card shows (Goal prompts and records are internal). */
+const CHAT_KINDS = new Set(['user', 'assistant', 'tool_call', 'tool_result', 'interruption', 'reconciliation', 'notice']);
+
+/**
+ * `%chat`: one message of the notebook's session and its answer, read from the session's
+ * transcript (the items of the message's work item) and its work state while it is current.
+ */
+class ChatOutput extends LiveOutput {
+  protected readonly kind = 'chat';
+
+  protected async load(): Promise<HTMLElement> {
+    const sid = encodeURIComponent(this.ids.session_id ?? '');
+    const snap = await requestGoalsAPI<ISessionSnapshot>(`sessions/${sid}?after=0&limit=5000`, this.settings);
+    const items = (snap.transcript?.items ?? []).filter(
+      (i: ITranscriptItem) => i.work_id === this.ids.work_id && CHAT_KINDS.has(i.kind)
+    );
+    const node = el('div', 'jp-goals-chat', undefined, 'goals-chat');
+    node.dataset.workId = this.ids.work_id ?? '';
+    for (const item of items) {
+      const row = el('div', `jp-goals-chat-item jp-goals-chat-${item.kind}`, undefined, 'goals-chat-item');
+      row.dataset.kind = item.kind;
+      const who = item.kind === 'user' ? 'You' : item.kind === 'assistant' ? 'Assistant' : item.tool || item.kind;
+      row.append(el('b', 'jp-goals-chat-who', `${who}: `));
+      const content = item.kind === 'tool_call' ? JSON.stringify(item.arguments ?? {}) : item.content;
+      row.append(el('span', 'jp-goals-chat-text', content.length > 2000 ? `${content.slice(0, 2000)}…` : content));
+      if (item.state) {
+        row.append(badge(item.state, 'goals-chat-effect-state'));
+      }
+      node.append(row);
+    }
+    const work = snap.work && snap.work.work_id === this.ids.work_id ? snap.work : null;
+    const phase = work ? work.phase : items.some(i => i.kind === 'assistant') ? 'done' : 'queued';
+    const status = el('div', 'jp-goals-chat-status');
+    status.append(badge(phase, 'goals-chat-phase'));
+    if (work?.reason) {
+      status.append(el('span', 'jp-goals-reason', work.reason, 'goals-chat-reason'));
+    }
+    node.append(status);
+    return node;
+  }
+
+  protected concerns(event: IGoalsEvent): boolean {
+    // its own work item only: other chats of the session do not re-read this card
+    return event.work_id === this.ids.work_id;
+  }
+}
+
 function factory(
   mimeType: string,
   create: (options: IRenderMime.IRendererOptions) => IRenderMime.IRenderer
@@ -197,6 +248,13 @@ const extensions: IRenderMime.IExtension[] = [
     id: 'jupyter-goals:approval-output',
     description: 'Live approval outputs (Approve / Deny).',
     rendererFactory: factory(APPROVAL_MIME, options => new ApprovalOutput(options)),
+    rank: 0,
+    dataType: 'json'
+  },
+  {
+    id: 'jupyter-goals:chat-output',
+    description: 'Live %chat outputs: a message and its answer (ids only; read from the server).',
+    rendererFactory: factory(CHAT_MIME, options => new ChatOutput(options)),
     rank: 0,
     dataType: 'json'
   },

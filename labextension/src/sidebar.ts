@@ -4,6 +4,7 @@ import { Widget } from '@lumino/widgets';
 
 import {
   IHealth,
+  IRecovery,
   ISessionList,
   ISessionSummary,
   isHealth,
@@ -12,7 +13,18 @@ import {
 } from './api';
 import { SessionDetail } from './detail';
 import { debounce, sharedEventFeed } from './events';
-import { cssToken, el } from './views';
+import { modelCatalog } from './models';
+import { RecoverySummary } from './recovery';
+import { button, cssToken, el, replaceKeepingFocus } from './views';
+
+/** Sessions per page of `GET /sessions` (keyset paging); "Show more sessions" reads the next. */
+export const SESSIONS_PAGE = 100;
+
+/** What the panel asks of the application: open a session in the main area, start a new chat. */
+export interface ISidebarHost {
+  openSession(sessionId: string): void;
+  newChat(): void;
+}
 
 /** How often the visible panel re-reads the server state. */
 export const REFRESH_INTERVAL_MS = 5000;
@@ -24,6 +36,9 @@ export const EMPTY_TEXT = 'No sessions yet';
 interface ISnapshot {
   health: IHealth | null;
   sessions: ISessionSummary[] | null;
+  /** Cursor of the page after the loaded ones (null: everything is loaded). */
+  more: string | number | null;
+  recovery: IRecovery | null;
   errors: string[];
   at: Date;
 }
@@ -38,7 +53,8 @@ interface ISnapshot {
  */
 export class GoalsSidebar extends Widget {
   constructor(
-    private readonly _settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+    private readonly _settings: ServerConnection.ISettings = ServerConnection.makeSettings(),
+    private readonly _host: ISidebarHost | null = null
   ) {
     super();
     this.id = 'jupyter-goals-sidebar';
@@ -46,10 +62,16 @@ export class GoalsSidebar extends Widget {
     this.node.dataset.testid = 'goals-sidebar';
 
     const header = el('div', 'jp-goals-header');
-    header.append(
-      el('h2', 'jp-goals-heading', 'Goals'),
-      this._button('goals-refresh', 'Refresh')
-    );
+    const tools = el('div', 'jp-goals-header-buttons');
+    if (_host) {
+      const create = button('New chat', 'goals-new-chat', () => _host.newChat(),
+        'Start a chat: pick a folder, a model and what it may do without asking');
+      create.classList.add('jp-mod-accept');
+      tools.append(create);
+    }
+    tools.append(this._button('goals-refresh', 'Refresh'));
+    header.append(el('h2', 'jp-goals-heading', 'Goals'), tools);
+    this._recovery = new RecoverySummary(sessionId => this._open(sessionId));
 
     this._errorNode = el('div', 'jp-goals-error');
     this._errorNode.dataset.testid = 'goals-error';
@@ -59,6 +81,7 @@ export class GoalsSidebar extends Widget {
     this._healthNode = el('section', 'jp-goals-health');
     this._healthNode.dataset.testid = 'goals-health';
 
+    this._filterNode = this._filterBar();
     this._sessionsNode = el('section', 'jp-goals-sessions');
     this._sessionsNode.dataset.testid = 'goals-sessions';
 
@@ -77,7 +100,9 @@ export class GoalsSidebar extends Widget {
     this.node.append(
       header,
       this._errorNode,
+      this._recovery.node,
       this._healthNode,
+      this._filterNode,
       this._sessionsNode,
       this._detail.node,
       this._updatedNode
@@ -89,15 +114,24 @@ export class GoalsSidebar extends Widget {
    * Never rejects: failures are rendered.
    */
   refresh(): Promise<void> {
-    if (!this._pending) {
+    if (this._pending) {
+      this._again = true; // read again once this one is done (a filter or page count changed meanwhile)
+    } else {
       this._pending = this._load()
         .then(snapshot => {
           if (!this.isDisposed) {
             this._render(snapshot);
           }
+          if (snapshot.errors.length === 0) {
+            sharedEventFeed().nudge();
+          }
         })
         .finally(() => {
           this._pending = null;
+          if (this._again && !this.isDisposed) {
+            this._again = false;
+            void this.refresh();
+          }
         });
     }
     return this._pending;
@@ -148,13 +182,21 @@ export class GoalsSidebar extends Widget {
   }
 
   private _onSessionClick(event: Event): void {
-    const row = (event.target as HTMLElement | null)?.closest<HTMLElement>(
-      '.jp-goals-session'
-    );
+    const target = event.target as HTMLElement | null;
+    if (target?.closest('button')) {
+      return; // "Show more sessions" and other buttons inside the list
+    }
+    const row = target?.closest<HTMLElement>('.jp-goals-session');
     if (row?.dataset.sessionId) {
       event.preventDefault();
-      this.selectSession(row.dataset.sessionId);
+      this._open(row.dataset.sessionId);
     }
+  }
+
+  /** Select the session here and open its view in the main area. */
+  private _open(sessionId: string): void {
+    this.selectSession(sessionId);
+    this._host?.openSession(sessionId);
   }
 
   private _startTimer(): void {
@@ -183,11 +225,46 @@ export class GoalsSidebar extends Widget {
     }
   }
 
+  /** The loaded pages, read again from the first (a page at most `SESSIONS_PAGE` long). */
+  private async _loadSessions(): Promise<{ sessions: ISessionSummary[]; more: string | number | null }> {
+    const all: ISessionSummary[] = [];
+    let cursor: string | number | null = null;
+    for (let page = 0; page < this._pages; page++) {
+      let query = `sessions?limit=${SESSIONS_PAGE}`;
+      if (cursor !== null) {
+        query += `&cursor=${encodeURIComponent(String(cursor))}`;
+      }
+      if (this._text) {
+        query += `&q=${encodeURIComponent(this._text)}`;
+      }
+      if (this._state) {
+        query += `&state=${encodeURIComponent(this._state)}`;
+      }
+      const answer = await requestGoalsAPI<unknown>(query, this._settings);
+      if (!isSessionList(answer)) {
+        throw new Error('sessions: unexpected response');
+      }
+      all.push(...(answer as ISessionList).sessions);
+      cursor = (answer as ISessionList).next_cursor ?? null;
+      if (cursor === null) {
+        break;
+      }
+    }
+    return { sessions: all, more: cursor };
+  }
+
   private async _load(): Promise<ISnapshot> {
-    const [health, sessions] = await Promise.allSettled([
+    const [health, sessions, recovery, models] = await Promise.allSettled([
       requestGoalsAPI<unknown>('health', this._settings),
-      requestGoalsAPI<unknown>('sessions', this._settings)
+      this._loadSessions(),
+      requestGoalsAPI<IRecovery>('recovery', this._settings),
+      modelCatalog(this._settings).list()
     ]);
+    if (models.status === 'fulfilled') {
+      // a session records the resolved `provider:model`; the panel says the configured name
+      this._modelNames = new Map(models.value.models.map(m => [`${m.provider}:${m.model}`, m.name]));
+      this._modelAbout = new Map(models.value.models.map(m => [m.name, m.description ?? '']));
+    }
     const errors: string[] = [];
     let healthValue: IHealth | null = null;
     let sessionsValue: ISessionSummary[] | null = null;
@@ -199,16 +276,21 @@ export class GoalsSidebar extends Widget {
     } else {
       healthValue = health.value;
     }
+    let more: string | number | null = null;
     if (sessions.status === 'rejected') {
       errors.push(message(sessions.reason));
-    } else if (!isSessionList(sessions.value)) {
-      errors.push('sessions: unexpected response');
     } else {
-      sessionsValue = (sessions.value as ISessionList).sessions;
+      sessionsValue = sessions.value.sessions;
+      more = sessions.value.more;
     }
+    // the recovery summary is optional: a server without it shows none, and no error
+    const recoveryValue =
+      recovery.status === 'fulfilled' && Array.isArray(recovery.value?.items) ? recovery.value : null;
     return {
       health: healthValue,
       sessions: sessionsValue,
+      more,
+      recovery: recoveryValue,
       errors,
       at: new Date()
     };
@@ -220,8 +302,9 @@ export class GoalsSidebar extends Widget {
       this._renderHealth(snapshot.health);
     }
     if (snapshot.sessions) {
-      this._renderSessions(snapshot.sessions);
+      this._renderSessions(snapshot.sessions, snapshot.more);
     }
+    this._recovery.render(snapshot.recovery);
     // Data that could not be re-read this time is kept but marked stale;
     // a part that never loaded is left empty (the error line explains it).
     this._markStale(this._healthNode, snapshot.health === null);
@@ -276,10 +359,11 @@ export class GoalsSidebar extends Widget {
     this._healthNode.replaceChildren(list);
   }
 
-  private _renderSessions(sessions: ISessionSummary[]): void {
+  private _renderSessions(sessions: ISessionSummary[], more: string | number | null = null): void {
     const heading = el('h3', 'jp-goals-subheading', 'Sessions');
     if (sessions.length === 0) {
-      const empty = el('div', 'jp-goals-empty', EMPTY_TEXT);
+      const filtered = this._text !== '' || this._state !== '';
+      const empty = el('div', 'jp-goals-empty', filtered ? 'No sessions match' : EMPTY_TEXT);
       empty.dataset.testid = 'goals-sessions-empty';
       this._sessionsNode.replaceChildren(heading, empty);
       return;
@@ -288,12 +372,51 @@ export class GoalsSidebar extends Widget {
     list.setAttribute('role', 'listbox');
     const selected = this._detail.sessionId;
     for (const session of sessions) {
-      const row = sessionRow(session);
+      const model = session.model ? this._modelNames.get(session.model) ?? session.model : null;
+      const row = sessionRow({ ...session, model }, model ? this._modelAbout.get(model) ?? '' : '');
       row.classList.toggle('jp-mod-selected', session.session_id === selected);
       row.setAttribute('aria-selected', String(session.session_id === selected));
       list.append(row);
     }
-    this._sessionsNode.replaceChildren(heading, list);
+    const parts: HTMLElement[] = [heading, list];
+    if (more !== null) {
+      parts.push(
+        button('Show more sessions', 'goals-sessions-more', () => {
+          this._pages += 1;
+          void this.refresh();
+        }, `Load the next ${SESSIONS_PAGE} sessions`)
+      );
+    }
+    parts.push(el('div', 'jp-goals-updated', `${sessions.length} session${sessions.length === 1 ? '' : 's'} shown`,
+      'goals-sessions-count'));
+    replaceKeepingFocus(this._sessionsNode, ...parts);
+  }
+
+  /** Text and state filters of `GET /sessions` (`q`, `state`); a change reads from the first page. */
+  private _filterBar(): HTMLElement {
+    const bar = el('div', 'jp-goals-filter', undefined, 'goals-filter');
+    const text = el('input', undefined, undefined, 'goals-filter-text');
+    text.type = 'search';
+    text.placeholder = 'Filter sessions';
+    text.setAttribute('aria-label', 'Filter sessions');
+    const state = el('select', undefined, undefined, 'goals-filter-state');
+    state.setAttribute('aria-label', 'State');
+    for (const value of ['', 'working', 'waiting', 'queued', 'recovering', 'paused', 'failed', 'interrupted',
+      'done', 'cancelled', 'idle']) {
+      const option = el('option', undefined, value || 'All states');
+      option.value = value;
+      state.append(option);
+    }
+    const apply = debounce(() => {
+      this._text = text.value.trim();
+      this._state = state.value;
+      this._pages = 1;
+      void this.refresh();
+    }, 250);
+    text.addEventListener('input', apply);
+    state.addEventListener('change', apply);
+    bar.append(text, state);
+    return bar;
   }
 
   private _markStale(node: HTMLElement, stale: boolean): void {
@@ -314,13 +437,21 @@ export class GoalsSidebar extends Widget {
   private readonly _sessionsNode: HTMLElement;
   private readonly _updatedNode: HTMLElement;
   private readonly _detail: SessionDetail;
+  private readonly _recovery: RecoverySummary;
+  private _pages = 1;
+  private _again = false;
+  private _text = '';
+  private _state = '';
+  private readonly _filterNode: HTMLElement;
+  private _modelNames = new Map<string, string>();
+  private _modelAbout = new Map<string, string>();
   private _unsubscribe: (() => void) | null = null;
   private _hasHealth = false;
   private _pending: Promise<void> | null = null;
   private _timer: number | null = null;
 }
 
-function sessionRow(session: ISessionSummary): HTMLLIElement {
+function sessionRow(session: ISessionSummary, modelAbout = ''): HTMLLIElement {
   const row = el('li', 'jp-goals-session');
   row.dataset.testid = 'goals-session';
   row.dataset.sessionId = session.session_id;
@@ -345,6 +476,14 @@ function sessionRow(session: ISessionSummary): HTMLLIElement {
   const top = el('div', 'jp-goals-session-top');
   top.append(title, phase);
   row.append(top);
+  if (session.model) {
+    const model = el('div', 'jp-goals-session-model', `model: ${session.model}`);
+    model.dataset.testid = 'goals-session-model';
+    if (modelAbout) {
+      model.title = modelAbout; // what the model can do (the demo model's description)
+    }
+    row.append(model);
+  }
 
   const reasonText = session.work?.reason || session.work?.reason_code || '';
   if (reasonText) {

@@ -1,4 +1,5 @@
 import { Dialog, showDialog } from '@jupyterlab/apputils';
+import { ServerConnection } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
 import {
@@ -6,7 +7,8 @@ import {
   IActions,
   IApproval,
   IGoal,
-  IHistoryRecord
+  IHistoryRecord,
+  postGoalsAPI
 } from './api';
 
 /**
@@ -68,6 +70,8 @@ export interface IActionSpec {
   action: string;
   label: string;
   flag: keyof Omit<IActions, 'reason_code'>;
+  /** The tooltip of an enabled button (what it does). */
+  hint?: string;
 }
 
 export const SESSION_ACTIONS: IActionSpec[] = [
@@ -75,6 +79,24 @@ export const SESSION_ACTIONS: IActionSpec[] = [
   { action: 'resume', label: 'Resume', flag: 'can_resume' },
   { action: 'retry', label: 'Retry', flag: 'can_retry' },
   { action: 'stop', label: 'End', flag: 'can_end' }
+];
+
+/** The session view's bar: Stop is the backend's `stop` (flag `can_end`) under its own name. */
+export const SESSION_VIEW_ACTIONS: IActionSpec[] = [
+  {
+    action: 'pause',
+    label: 'Pause',
+    flag: 'can_pause',
+    hint: 'Pause: lets the running step finish and starts nothing new'
+  },
+  { action: 'resume', label: 'Resume', flag: 'can_resume', hint: 'Resume: continue this work' },
+  {
+    action: 'stop',
+    label: 'Stop',
+    flag: 'can_end',
+    hint: 'Stop: ends the work now; a running command is cancelled'
+  },
+  { action: 'retry', label: 'Retry', flag: 'can_retry', hint: 'Retry: run the failed work again' }
 ];
 
 export const GOAL_ACTIONS: IActionSpec[] = [
@@ -109,6 +131,8 @@ export function actionBar(
     node.disabled = !allowed;
     if (!allowed) {
       node.title = `Not available now${why ? `: ${why}` : ''}`;
+    } else if (spec.hint) {
+      node.title = spec.hint;
     }
     buttons.push(node);
     bar.append(node);
@@ -288,11 +312,60 @@ export async function showHistoryDetails(record: IHistoryRecord): Promise<void> 
   const when = new Date(record.created_at * 1000).toLocaleString();
   const where = `Ended ${when} · transcript position ${record.anchor.seq}`;
   body.append(el('div', 'jp-goals-updated', where, 'goals-history-anchor'));
+  const opener = document.activeElement as HTMLElement | null;
+  const key = opener ? focusKey(opener) : null;
   await showDialog({
     title: `Goal ${record.state} (read-only)`,
     body: new Widget({ node: body }),
     buttons: [Dialog.okButton({ label: 'Close' })]
   });
+  if (opener && !opener.isConnected && key) {
+    // the view re-rendered while the dialog was open: focus the same button in its new DOM
+    refocus(document.body, key);
+  }
+}
+
+/**
+ * Replace a container's children, keeping keyboard focus: when the focused element was inside, the
+ * element with the same `data-testid` under the same record (`data-record-id`, `data-approval-id`,
+ * `data-goal-id`, `data-item-id`, `data-session-id`) gets the focus back, so a re-read of the server state never drops a keyboard user.
+ */
+export function replaceKeepingFocus(container: HTMLElement, ...nodes: HTMLElement[]): void {
+  const active = document.activeElement as HTMLElement | null;
+  const key = active && container.contains(active) ? focusKey(active) : null;
+  container.replaceChildren(...nodes);
+  if (key !== null) {
+    refocus(container, key);
+  }
+}
+
+interface IFocusKey {
+  testid: string;
+  owner: string;
+}
+
+function refocus(container: HTMLElement, key: IFocusKey): void {
+  for (const candidate of Array.from(container.querySelectorAll<HTMLElement>(`[data-testid="${key.testid}"]`))) {
+    if (focusKey(candidate)?.owner === key.owner) {
+      candidate.focus();
+      return;
+    }
+  }
+}
+
+function focusKey(node: HTMLElement): IFocusKey | null {
+  const testid = node.dataset.testid;
+  if (!testid) {
+    return null;
+  }
+  const owner = node.closest<HTMLElement>(
+    '[data-record-id], [data-approval-id], [data-goal-id], [data-item-id], [data-session-id]'
+  );
+  const d = owner?.dataset;
+  return {
+    testid,
+    owner: d ? [d.recordId, d.approvalId, d.goalId, d.itemId, d.sessionId].map(v => v ?? '').join('|') : ''
+  };
 }
 
 /** What a failed action says: a 409 names the conflict; the view re-reads the state afterwards. */
@@ -304,6 +377,21 @@ export function actionErrorText(error: unknown): string {
     return error.status ? `Refused (${error.status}): ${error.detail}` : error.message;
   }
   return error instanceof Error ? error.message : String(error);
+}
+
+/** POST an action; its refusal (a 409 included) goes to `alert`, success clears it. Never rejects. */
+export async function postAction(
+  path: string,
+  body: unknown,
+  settings: ServerConnection.ISettings,
+  alert: HTMLElement
+): Promise<void> {
+  try {
+    await postGoalsAPI(path, body, settings);
+    showAlert(alert, null);
+  } catch (error) {
+    showAlert(alert, actionErrorText(error));
+  }
 }
 
 /** The alert line under a view: action errors and read failures. */

@@ -1,11 +1,8 @@
-"""The Goal hooks the turn loop calls (the turn loop calls these, never the reverse).
-
-- ``next_step``: inside the turn's fenced step read: extract requirements, wait for a clarification,
-  or verify, before another work request is made.
-- ``after_turn``: the turn-completion check, committed with the end of the turn.
-- ``extract_requirements`` and ``verify``: steps with model calls (purposes ``requirements`` and
-  ``acceptance``), each committed by fenced transactions; a crash between them repeats the step,
-  never its commit (acceptance results and the terminal record are written once).
+"""A Goal's steps with model calls, run by the turn loop: ``extract_requirements`` (purpose
+``requirements``) and ``verify`` (purpose ``acceptance``: deterministic checks, then an independent
+reviewer with read-only tools). Each is committed by fenced transactions; a crash between them repeats
+the step, never its commit (acceptance results and the terminal record are written once). The hooks
+inside the turn's own steps are in ``goals/hooks.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import json
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -21,13 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jupyter_goals import budget
+from jupyter_goals import budget, paid
 from jupyter_goals.faults import crash_point
 from jupyter_goals.goals import lifecycle, rules
+from jupyter_goals.goals.hooks import back_to_work
 from jupyter_goals.models import (
-    TERMINAL_GOAL_STATES,
-    Capability,
-    EffectState,
     GoalPhase,
     GoalState,
     ItemKind,
@@ -39,10 +33,10 @@ from jupyter_goals.models import (
     ReasonCode,
     ToolCallSpec,
     TurnState,
+    Verdict,
     reason_text,
 )
 from jupyter_goals.prices import PriceTable
-from jupyter_goals.providers.base import ProviderError, ProviderUnavailable, resolve_provider
 from jupyter_goals.store import control as c
 from jupyter_goals.store import goals as g
 from jupyter_goals.store.db import Database, Row, Tx
@@ -71,9 +65,11 @@ _DETERMINISTIC = ("command", "file_exists", "file_digest")
 class StepProviderFault(Exception):
     """A provider fault during a Goal step: the turn loop handles it like a work request's fault."""
 
-    def __init__(self, request_id: str, error: str, code: ReasonCode, status: int | None) -> None:
+    def __init__(self, request_id: str, error: str, code: ReasonCode, status: int | None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(error)
         self.request_id, self.error, self.code, self.status = request_id, error, code, status
+        self.retry_after_s = retry_after_s
 
 
 @dataclass
@@ -86,6 +82,9 @@ class StepContext:
     read_tool_schemas: list[dict[str, Any]] = field(default_factory=list)
     run_read_tool: Callable[[str, dict[str, Any]], Awaitable[str]] | None = None
     prices: PriceTable | None = None
+    # the turn loop's stop watcher and redactor: Goal requests are closed and redacted like work requests
+    watch_stop: Callable[[Awaitable[ProviderResponse]], Awaitable[ProviderResponse]] | None = None
+    redact: Callable[[str], str] | None = None
 
     @property
     def aid(self) -> str:
@@ -95,100 +94,26 @@ class StepContext:
         c.fence(tx, self.aid, self.generation)
 
 
-# --------------------------------------------------------------------------- in the step read
-
-
-def next_step(tx: Tx, work: Row, attempt: Row) -> str | None:
-    """``requirements`` / ``verify`` / ``wait`` (the attempt ended, the Goal waits), or None: work on."""
-    goal = g.goal_of_work(tx, work["work_id"])
-    if goal is None or goal["state"] != GoalState.ACTIVE:
-        return None
-    if goal["requirements_state"] == "pending":
-        return "requirements"
-    if goal["requirements_state"] == "clarifying":
-        c.end_attempt(tx, attempt, "awaiting_clarification")
-        c.set_phase(tx, work, Phase.WAITING, ReasonCode.AWAITING_CLARIFICATION)
-        return "wait"
-    if goal["phase"] == GoalPhase.VERIFYING:
-        return "verify"
-    return None
-
-
-def is_goal_work(work: Row) -> bool:
-    return work.get("kind") == "goal"
-
-
-def after_turn(tx: Tx, attempt: Row, work: Row, turn_id: str) -> None:
-    """The turn-completion check: commit the turn, then continue, verify, block or stop (no round cap)."""
-    goal = g.goal_of_work(tx, work["work_id"])
-    c.end_turn(tx, work, turn_id, TurnState.COMMITTED, "completed")
-    c.end_attempt(tx, attempt, "completed")
-    if goal is None or goal["state"] in TERMINAL_GOAL_STATES:
-        tx.execute("UPDATE work_items SET desired_state = 'done' WHERE work_id = ?", (work["work_id"],))
-        work["desired_state"] = "done"
-        c.set_phase(tx, work, Phase.DONE, ReasonCode.COMPLETED)
-        return
-    effects = tx.all("SELECT tool, capability, state FROM effects WHERE turn_id = ?", (turn_id,))
-    progress = any(e["state"] == EffectState.COMMITTED and e["tool"] != "get_goal"
-                   and e["capability"] not in (Capability.READ_ONLY, Capability.STATE_PROBE) for e in effects)
-    reply = tx.one("SELECT content FROM transcript WHERE turn_id = ? AND kind = 'assistant' ORDER BY seq DESC LIMIT 1",
-                   (turn_id,))
-    items, todo_version, todo_goal = g.get_todo(tx, work["session_id"])
-    mine = items if todo_goal == goal["goal_id"] else []
-    required = [it for it in mine if it.get("required", True)]
-    facts = rules.TurnFacts(
-        state=GoalState(goal["state"]), phase=GoalPhase(goal["phase"]), made_progress=progress,
-        reply_digest=hashlib.sha256((reply["content"] if reply else "").encode()).hexdigest()[:16],
-        blocker=goal["blocker"], blocker_count=int(goal["blocker_count"]),
-        required_todo=len(required), open_required_todo=sum(1 for it in required if it["status"] != "completed"),
-        todo_version=todo_version if mine else 0, verified_todo_version=int(goal["verified_todo_version"]),
-    )
-    d = rules.after_turn(facts)
-    fields: dict[str, Any] = {"turns": int(goal["turns"]) + 1, "blocker": d.blocker, "blocker_count": d.blocker_count}
-    if d.next == rules.Next.VERIFY:
-        fields.update(phase=GoalPhase.VERIFYING.value, reason_code=str(ReasonCode.GOAL_VERIFYING),
-                      reason=reason_text(ReasonCode.GOAL_VERIFYING))
-        g.update_goal(tx, goal, **fields)
-        c.set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
-    elif d.next == rules.Next.BLOCK:
-        excerpt = (reply["content"] if reply else "")[:200]
-        fields.update(state=GoalState.BLOCKED.value, reason_code=str(ReasonCode.GOAL_BLOCKED),
-                      reason=f"{reason_text(ReasonCode.GOAL_BLOCKED)} Last reply: {excerpt}")
-        g.update_goal(tx, goal, **fields)
-        c.set_phase(tx, work, Phase.WAITING, ReasonCode.GOAL_BLOCKED, goal["reason"])
-    else:
-        g.update_goal(tx, goal, **fields)
-        if d.next == rules.Next.CONTINUE:
-            lifecycle._prompt(tx, goal, rules.continuation_prompt(goal["objective"], goal["requirements"]))
-        if work["desired_state"] == "run":
-            c.set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
-
-
-def _back_to_work(tx: Tx, goal: Row, work: Row, attempt: Row, note: str, open_verdicts: list[dict[str, Any]],
-                  todo_version: int) -> None:
-    """Missing or failing evidence: another work turn, never fabricated acceptance."""
-    g.update_goal(tx, goal, phase=GoalPhase.WORKING.value, reason_code="", reason="",
-                  verified_todo_version=todo_version)
-    lifecycle._prompt(tx, goal, rules.continuation_prompt(goal["objective"], goal["requirements"], open_verdicts, note))
-    c.end_turn(tx, work, attempt["turn_id"], TurnState.COMMITTED, "verified")
-    c.end_attempt(tx, attempt, "verified")
-    if work["desired_state"] == "run":
-        c.set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
-
-
 # --------------------------------------------------------------------------- model calls
 
 
 async def _complete(ctx: StepContext, request: ProviderRequest, model: str) -> ProviderResponse:
-    try:
-        return await resolve_provider(model).complete(request)
-    except ProviderUnavailable as exc:
-        error, code, status = str(exc), exc.reason_code, None
-    except ProviderError as exc:
-        error, status = str(exc), exc.status
-        code = ReasonCode.PROVIDER_RETRYING if exc.retryable else ReasonCode.PROVIDER_FAILED
-    await ctx.db.run(lambda tx: c.lose_request(tx, request.request_id, error))
-    raise StepProviderFault(request.request_id, error, code, status)
+    """The paid-request path's call; a stop or a fault is settled here (fenced) and raised to the turn loop."""
+    outcome = await paid.call(request, model, reserved_until=time.time() + budget.RESERVATION_TTL_S,
+                              watch_stop=ctx.watch_stop, redact=ctx.redact)
+    if outcome.response is not None:
+        return outcome.response
+
+    def settle(tx: Tx) -> None:
+        ctx.fence(tx)
+        paid.settle(tx, request.request_id, outcome, ctx.prices)
+
+    await ctx.db.run(settle)
+    if outcome.stopped:
+        raise paid.StoppedByPerson()
+    fault = outcome.failure
+    assert fault is not None
+    raise StepProviderFault(request.request_id, fault.error, fault.code, fault.status, fault.retry_after_s)
 
 
 def _record(ctx: StepContext, tx: Tx, purpose: Purpose) -> tuple[Row, Row, str, str]:
@@ -197,11 +122,9 @@ def _record(ctx: StepContext, tx: Tx, purpose: Purpose) -> tuple[Row, Row, str, 
     goal = lifecycle.attribute(tx, work)
     assert goal is not None
     model = c.get_session(tx, work["session_id"])["model"] or ctx.default_model
-    rid = c.new_id("req")
-    held = budget.admit_request(tx, goal, model, ctx.prices)  # rechecked before requirements and acceptance
-    c.record_request(tx, work, request_id=rid, attempt_id=ctx.aid, turn_id=ctx.attempt["turn_id"],
-                     purpose=purpose.value, model=model, reserved_usd=held.usd, reserved_tokens=held.tokens,
-                     reservation_ttl_s=budget.RESERVATION_TTL_S)
+    # the hard budget is rechecked before requirements and acceptance requests too
+    rid, _ = paid.reserve(tx, work, governing=goal, model=model, purpose=purpose, attempt_id=ctx.aid,
+                          turn_id=ctx.attempt["turn_id"], prices=ctx.prices)
     return work, goal, model, rid
 
 
@@ -227,8 +150,7 @@ async def extract_requirements(ctx: StepContext) -> None:
 
     def commit(tx: Tx) -> None:
         ctx.fence(tx)
-        c.settle_request(tx, request.request_id, response.usage.model_dump() if response.usage else None,
-                         prices=ctx.prices)
+        paid.settle_answer(tx, request.request_id, response, ctx.prices)
         work = c.get_work(tx, ctx.attempt["work_id"])
         goal = g.goal_of_work(tx, work["work_id"])
         if goal is None or goal["requirements_state"] != "pending":
@@ -265,16 +187,11 @@ class _Plan:
     revision: int
     todo_version: int
     model: str
-    runs: list[rules.CommandRun]
-    writes: dict[str, float]
-    unknown_since: float
+    effects: list[Row]  # the calls of the work item and its subtasks (rules.evidence_facts reads them)
 
 
-def _exit_status(text: str | None) -> int | None:
-    if not text or not text.startswith("exit status: "):
-        return None
-    head = text.split("\n", 1)[0].removeprefix("exit status: ").strip()
-    return int(head) if head.lstrip("-").isdigit() else None
+STALE_AT_COMMIT = ("The evidence changed while acceptance ran (a file, a later write or a new result);"
+                   " it is checked again before the Goal can be achieved.")
 
 
 def _observe(cwd: str, paths: list[str]) -> tuple[dict[str, rules.FileFact], dict[str, float]]:
@@ -313,73 +230,79 @@ async def verify(ctx: StepContext) -> bool:
         open_required = [it for it in mine if it.get("required", True) and it["status"] != "completed"]
         if open_required:
             note = "Required Todo items are still open: " + ", ".join(it["text"] for it in open_required)
-            _back_to_work(tx, goal, work, ctx.attempt, note, [], todo_version)
+            back_to_work(tx, goal, work, ctx.attempt, note, [], todo_version)
             return None
-        running = tx.all("SELECT work_id FROM work_items WHERE parent_work_id = ? AND phase NOT IN"
-                         " ('done', 'cancelled', 'failed')", (work["work_id"],))
+        running = c.running_children(tx, work["work_id"])
         if running:  # e.g. a subtask whose wait timed out but which still runs: its outcome is not known yet
             note = ("Subtasks are still running (" + ", ".join(r["work_id"] for r in running)
                     + "); the Goal cannot be accepted before their results are known.")
-            _back_to_work(tx, goal, work, ctx.attempt, note, [], todo_version)
+            back_to_work(tx, goal, work, ctx.attempt, note, [], todo_version)
             return None
-        runs: list[rules.CommandRun] = []
-        writes: dict[str, float] = {}
-        unknown_since = 0.0
-        for e in tx.all("SELECT call_id, tool, arguments, state, result, dispatched_at, ended_at FROM effects"
-                        " WHERE work_id = ? ORDER BY seq", (work["work_id"],)):
-            args = json.loads(e["arguments"])
-            if e["state"] == EffectState.UNKNOWN:
-                unknown_since = max(unknown_since, float(e["dispatched_at"] or 0))
-            elif e["state"] in (EffectState.COMMITTED, EffectState.RECONCILED):
-                if e["tool"] == "shell":
-                    runs.append(rules.CommandRun(e["call_id"], str(args.get("command", "")), _exit_status(e["result"]),
-                                                 float(e["dispatched_at"] or 0)))
-                elif e["tool"] in ("write_file", "edit_file") and args.get("path"):
-                    writes[str(args["path"])] = max(writes.get(str(args["path"]), 0.0), float(e["ended_at"] or 0))
         model = c.get_session(tx, work["session_id"])["model"] or ctx.default_model
-        return _Plan(dict(goal), goal["revision"], todo_version if mine else 0, model, runs, writes, unknown_since)
+        return _Plan(dict(goal), goal["revision"], todo_version if mine else 0, model,
+                     g.evidence_effects(tx, work["work_id"]))
 
     plan = await ctx.db.run(prepare)
     if plan is None:
-        return not await ctx.db.run(lambda tx: tx.one(
-            "SELECT attempt_id FROM attempts WHERE attempt_id = ? AND state != 'running'", (ctx.aid,)))
+        return not await ctx.db.run(lambda tx: c.attempt_ended(tx, ctx.aid))
     crash_point("goal.todo_complete_before_acceptance")
     reqs = plan.goal["requirements"]
     paths = sorted({r["path"] for r in reqs if r.get("path")})
+    work_id = str(ctx.attempt["work_id"])
     files, mtimes = await asyncio.to_thread(_observe, ctx.cwd, paths)
-    last_write = {p: max(plan.writes.get(p, 0.0), mtimes.get(p, 0.0)) for p in paths}
-    facts = rules.EvidenceFacts(files=files, runs=tuple(plan.runs), last_write=last_write,
-                                unknown_since=plan.unknown_since)
+    facts = rules.evidence_facts(work_id, plan.effects, reqs, files, mtimes)
     det = [v for r in reqs if r["kind"] in _DETERMINISTIC and (v := rules.check_requirement(r, facts)) is not None]
     semantic = [r for r in reqs if r["kind"] not in _DETERMINISTIC]
     review, request_ids = (await _review(ctx, plan, semantic)) if semantic else ([], [])
     verdicts = rules.merge_verdicts(reqs, det, review)
     result = rules.outcome(verdicts)
+    # the files again, just before the commit that may say ``achieved`` (they live outside any transaction)
+    files_now, mtimes_now = await asyncio.to_thread(_observe, ctx.cwd, paths)
 
     def commit(tx: Tx) -> bool:
         ctx.fence(tx)
-        work = c.get_work(tx, ctx.attempt["work_id"])
+        work = c.get_work(tx, work_id)
         goal = g.get_goal(tx, plan.goal["goal_id"])
-        version = g.insert_acceptance(tx, goal, plan.revision, result.value, verdicts, request_ids)
-        if rules.may_achieve(state=goal["state"], phase=goal["phase"], revision=goal["revision"],
-                             checked_revision=plan.revision, result_version=version,
-                             newest_result_version=int(goal["result_version"]), result=result):
+        # every requirement's evidence must still be what was judged: the calls and files read again in
+        # the transaction that commits ``achieved``; a change of permissions (or any control) since this
+        # attempt was admitted voids the acceptance in progress (spec: permission changes invalidate it)
+        current = rules.evidence_facts(work_id, g.evidence_effects(tx, work_id), reqs, files_now, mtimes_now)
+        stale = result == Verdict.MET and current != facts
+        controlled = int(work["control_version"]) != int(ctx.attempt["control_version"])
+        final, outcome = verdicts, result
+        if stale:
+            final = [{**v, "verdict": Verdict.UNKNOWN.value, "evidence": [*v["evidence"], {
+                "kind": "stale", "detail": STALE_AT_COMMIT}]} for v in verdicts]
+            outcome = Verdict.UNKNOWN
+        again = stale and _was_stale(g.latest_acceptance(tx, goal["goal_id"]))  # changing under every check
+        version = g.insert_acceptance(tx, goal, plan.revision, outcome.value, final, request_ids)
+        if stale and not again and not controlled and goal["state"] == GoalState.ACTIVE \
+                and goal["revision"] == plan.revision and goal["phase"] == GoalPhase.VERIFYING:
+            g.update_goal(tx, goal, reason=STALE_AT_COMMIT)  # still verifying: the next attempt checks again
+            c.end_turn(tx, work, ctx.attempt["turn_id"], TurnState.COMMITTED, "evidence changed")
+            c.end_attempt(tx, ctx.attempt, "evidence changed")
+            if work["desired_state"] == "run":
+                c.set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
+            return False
+        if not controlled and rules.may_achieve(state=goal["state"], phase=goal["phase"], revision=goal["revision"],
+                                                checked_revision=plan.revision, result_version=version,
+                                                newest_result_version=int(goal["result_version"]), result=outcome):
             g.update_goal(tx, goal, plan.revision, state=GoalState.ACHIEVED.value,
                           reason_code=str(ReasonCode.GOAL_ACHIEVED), reason=reason_text(ReasonCode.GOAL_ACHIEVED),
                           verified_result_version=version, verified_todo_version=plan.todo_version,
                           ended_at=time.time())
             c.end_turn(tx, work, ctx.attempt["turn_id"], TurnState.COMMITTED, "achieved")
             c.end_attempt(tx, ctx.attempt, "achieved")
-            tx.execute("UPDATE work_items SET desired_state = 'done' WHERE work_id = ?", (work["work_id"],))
-            work["desired_state"] = "done"
+            c.finish_work(tx, work)
             c.set_phase(tx, work, Phase.DONE, ReasonCode.COMPLETED, reason_text(ReasonCode.GOAL_ACHIEVED))
             lifecycle.write_terminal_record(tx, goal)
             return True
-        if goal["state"] == GoalState.ACTIVE and goal["revision"] == plan.revision:
-            open_verdicts = [v for v in verdicts if v["verdict"] != "met"]
-            _back_to_work(tx, goal, work, ctx.attempt, "Independent acceptance found requirements not yet met.",
-                          open_verdicts, plan.todo_version)
-        else:  # revised, paused or ended while it was checked: the result is kept, the old check is void
+        if goal["state"] == GoalState.ACTIVE and goal["revision"] == plan.revision and not controlled:
+            open_verdicts = [v for v in final if v["verdict"] != "met"]
+            note = STALE_AT_COMMIT if stale else "Independent acceptance found requirements not yet met."
+            back_to_work(tx, goal, work, ctx.attempt, note, open_verdicts, plan.todo_version)
+        else:  # revised, paused, ended or permissions changed while it was checked: the result is kept, the
+            # old check is void; a Goal still verifying is checked again under the new control version
             c.end_turn(tx, work, ctx.attempt["turn_id"], TurnState.COMMITTED, "verification superseded")
             c.end_attempt(tx, ctx.attempt, "verification superseded")
             if work["desired_state"] == "run":
@@ -389,6 +312,12 @@ async def verify(ctx: StepContext) -> bool:
     if await ctx.db.run(commit):
         crash_point("goal.after_completion_commit")
     return False
+
+
+def _was_stale(result: Row | None) -> bool:
+    return result is not None and any(e.get("kind") == "stale" and e.get("detail") == STALE_AT_COMMIT
+                                      for v in result["verdicts"] for e in v.get("evidence") or []
+                                      if isinstance(e, dict))
 
 
 async def _review(ctx: StepContext, plan: _Plan, semantic: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -421,7 +350,7 @@ async def _review(ctx: StepContext, plan: _Plan, semantic: list[dict[str, Any]])
 
 def _settle(ctx: StepContext, tx: Tx, *, request_id: str, response: ProviderResponse) -> None:
     ctx.fence(tx)
-    c.settle_request(tx, request_id, response.usage.model_dump() if response.usage else None, prices=ctx.prices)
+    paid.settle_answer(tx, request_id, response, ctx.prices)
 
 
 async def _read_only(ctx: StepContext, call: ToolCallSpec) -> str:

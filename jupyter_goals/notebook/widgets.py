@@ -1,0 +1,275 @@
+"""ipywidgets views of a Goal, an approval, a session's ended Goals and a ``%chat`` answer, for
+frontends without the labextension (VS Code, classic tools): the same state, reason, backend ``actions`` and buttons as the
+MIME cards.
+
+Each widget re-reads REST when the event stream (``GET /events?format=json``) names its Goal,
+approval or session, on a daemon thread that stops when the widget closes and dies with the kernel.
+Widget models live in the kernel, so these views end with it; the id-only MIME outputs (``cards.py``)
+are the durable ones.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import weakref
+from collections.abc import Callable
+from html import escape
+from typing import Any
+
+import ipywidgets as w
+
+from jupyter_goals.notebook.client import GoalsClient, GoalsError
+
+GOAL_BUTTONS = (("pause", "Pause"), ("resume", "Resume"), ("verify", "Verify"), ("end", "End"))
+POLL_S = 0.5
+
+_live: weakref.WeakSet[LiveWidget] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:  # kernel shutdown: end every follower thread
+    for widget in list(_live):
+        widget.stop()
+
+
+class LiveWidget(w.VBox):  # type: ignore[misc]
+    """A view over REST, refreshed by events that concern it (events are only a wake-up)."""
+
+    def __init__(self, client: GoalsClient | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.client = client or GoalsClient()
+        self.heading = w.HTML()
+        self.detail = w.HTML()
+        self.error = w.HTML()
+        self.buttons: dict[str, w.Button] = {}
+        self.bar = w.HBox()
+        self.children = (self.heading, self.detail, self.bar, self.error)
+        self._actions: dict[str, Callable[[], Any]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        _live.add(self)
+
+    # -------------------------------------------------------------- following events
+    def follow(self) -> LiveWidget:
+        """Start the daemon thread that re-reads this view on its events."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"jupyter-goals-{type(self).__name__}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self.stop()
+        super().close()
+
+    @property
+    def following(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        cursor: int | None = None
+        failed = False
+        while not self._stop.is_set():
+            try:
+                if cursor is None:
+                    cursor = int(self.client.events(after=2**62, limit=1)["last_seq"])
+                    self.refresh()
+                page = self.client.events(after=cursor, limit=500)
+                if failed or page["last_seq"] < cursor:  # reconnected, or a new store: re-read
+                    cursor, failed = int(page["last_seq"]), False
+                    self.refresh()
+                elif page["events"]:
+                    cursor = int(page["events"][-1]["seq"])
+                    if any(self.concerns(e) for e in page["events"]):
+                        self.refresh()
+            except Exception as exc:  # the server is away: say so, keep the last view, retry
+                failed = True
+                self.error.value = f'<span style="color:#a00">State temporarily unavailable: {escape(str(exc))[:200]}</span>'
+            self._stop.wait(POLL_S)
+
+    # -------------------------------------------------------------- rendering
+    def refresh(self) -> None:
+        """Re-read and re-render; a failure is shown, never raised."""
+        try:
+            self.render()
+            self.error.value = ""
+        except Exception as exc:
+            self.error.value = f'<span style="color:#a00">State temporarily unavailable: {escape(str(exc))[:200]}</span>'
+
+    def render(self) -> None:
+        raise NotImplementedError
+
+    def concerns(self, event: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def _set_buttons(self, specs: list[tuple[str, str, bool, Callable[[], Any]]], why: str = "") -> None:
+        """(action, label, enabled, do) → buttons named by their action, enabled only by the backend."""
+        for action, label, enabled, do in specs:
+            button = self.buttons.get(action)
+            if button is None:
+                button = w.Button(description=label)
+                button.on_click(lambda _b, a=action: self._click(a))
+                self.buttons[action] = button
+            button.disabled = not enabled
+            button.tooltip = label if enabled else f"Not available now{': ' + why if why else ''}"
+            self._actions[action] = do
+        self.bar.children = tuple(self.buttons[a] for a, *_ in specs)
+
+    def _click(self, action: str) -> None:
+        """Send the action with the version it was shown under; a refusal (409 included) stays shown."""
+        try:
+            self._actions[action]()
+        except GoalsError as exc:
+            prefix = "Conflict (409)" if exc.status == 409 else f"Refused ({exc.status})"
+            try:
+                self.render()
+            except Exception:  # the refusal is the news here
+                pass
+            self.error.value = f'<span style="color:#a00">{prefix}: {escape(exc.message)}</span>'
+            return
+        self.refresh()
+
+
+def _phase(text: str) -> str:
+    return f"<code>{escape(text)}</code>"
+
+
+class GoalWidget(LiveWidget):
+    """A Goal: objective, state, phase, reason, requirement verdicts, usage; Pause / Resume / Verify / End."""
+
+    def __init__(self, goal_id: str, client: GoalsClient | None = None, follow: bool = True) -> None:
+        super().__init__(client)
+        self.goal_id = goal_id
+        self.goal: dict[str, Any] = {}
+        self.session_id: str | None = None
+        self.refresh()
+        if follow:
+            self.follow()
+
+    def render(self) -> None:
+        goal = self.goal = self.client.goal(self.goal_id)
+        self.session_id = goal["session_id"]
+        self.heading.value = (f"<b>Goal</b> {_phase(goal['state'])} {_phase(goal['phase'])} "
+                            f"{escape(goal['objective'])}")
+        acceptance = goal.get("acceptance") or {}
+        verdicts = ({str(v.get("requirement_id")): str(v.get("verdict")) for v in acceptance.get("verdicts") or []}
+                    if acceptance.get("revision") in (None, goal.get("revision")) else {})
+        reqs = "".join(f"<li>{_phase(verdicts.get(r['id'], 'unknown'))} {escape(r['text'])}</li>"
+                       for r in goal.get("requirements") or [])
+        usage = (goal.get("usage") or {}).get("display") or ""
+        reason = goal.get("reason") or ""
+        self.detail.value = ((f"<div>{escape(reason)}</div>" if reason else "")
+                             + (f"<ul>{reqs}</ul>" if reqs else "")
+                             + (f'<div style="color:#666">{escape(usage)}</div>' if usage else ""))
+        actions = goal.get("actions") or {}
+        revision = goal["revision"]
+
+        def send(action: str) -> Callable[[], Any]:
+            return lambda: self.client.goal_action(self.goal_id, action, revision)
+
+        self._set_buttons([(a, label, bool(actions.get(f"can_{a}")), send(a)) for a, label in GOAL_BUTTONS],
+                          reason or str(actions.get("reason_code") or ""))
+
+    def concerns(self, event: dict[str, Any]) -> bool:
+        return bool((event.get("payload") or {}).get("goal_id") == self.goal_id
+                    or (self.session_id and event.get("session_id") == self.session_id))
+
+
+class ApprovalWidget(LiveWidget):
+    """One approval: tool, arguments, state, reason; Approve / Deny while it is pending."""
+
+    def __init__(self, approval_id: str, client: GoalsClient | None = None, follow: bool = True) -> None:
+        super().__init__(client)
+        self.approval_id = approval_id
+        self.approval: dict[str, Any] = {}
+        self.refresh()
+        if follow:
+            self.follow()
+
+    def render(self) -> None:
+        found = [a for a in self.client.approvals(None) if a["approval_id"] == self.approval_id]
+        if not found:
+            raise LookupError(f"approval {self.approval_id} not found on this server")
+        a = self.approval = found[0]
+        self.heading.value = f"<b>Approval</b> {_phase(a['state'])} <code>{escape(str(a['tool']))}</code>"
+        self.detail.value = (f"<code>{escape(str(a.get('arguments'))[:300])}</code>"
+                             f"<div>{escape(str(a.get('reason') or ''))}</div>")
+        pending = a["state"] == "pending"
+        self._set_buttons([("approve", "Approve", pending, lambda: self.client.approve(self.approval_id)),
+                           ("deny", "Deny", pending, lambda: self.client.deny(self.approval_id))],
+                          "" if pending else f"it is {a['state']}")
+
+    def concerns(self, event: dict[str, Any]) -> bool:
+        return str(event.get("kind", "")).startswith("approval.") and (
+            (event.get("payload") or {}).get("approval_id") == self.approval_id
+            or event.get("session_id") == self.approval.get("session_id"))
+
+
+class HistoryWidget(LiveWidget):
+    """A session's ended Goals (terminal records, read-only); grows when a Goal of the session ends."""
+
+    def __init__(self, session_id: str, client: GoalsClient | None = None, follow: bool = True) -> None:
+        super().__init__(client)
+        self.session_id = session_id
+        self.records: list[dict[str, Any]] = []
+        self.refresh()
+        if follow:
+            self.follow()
+
+    def render(self) -> None:
+        self.records = self.client.history(self.session_id)
+        self.heading.value = f"<b>Ended Goals</b> ({len(self.records)})"
+        self.detail.value = "".join(
+            f"<div>{_phase(r['state'])} {escape(str((r.get('snapshot') or {}).get('objective', '')))}"
+            f' <span style="color:#666">record {escape(r["record_id"])}</span></div>' for r in self.records
+        ) or "<div>No ended Goals in this session yet.</div>"
+
+    def concerns(self, event: dict[str, Any]) -> bool:
+        return event.get("session_id") == self.session_id and str(event.get("kind", "")).startswith("goal.")
+
+
+CHAT_KINDS = ("user", "assistant", "tool_call", "tool_result", "interruption", "reconciliation", "notice")
+
+
+class ChatWidget(LiveWidget):
+    """One ``%chat`` message and its answer: the transcript items of its work item and, while it is the
+    session's current work, its phase and reason; Pause / Resume / End as the backend allows."""
+
+    def __init__(self, session_id: str, work_id: str, client: GoalsClient | None = None, follow: bool = True) -> None:
+        super().__init__(client)
+        self.session_id, self.work_id = session_id, work_id
+        self.items: list[dict[str, Any]] = []
+        self.phase = ""
+        self.refresh()
+        if follow:
+            self.follow()
+
+    def render(self) -> None:
+        snap = self.client.session(self.session_id, after=0, limit=5000)
+        self.items = [i for i in snap["transcript"]["items"] if i.get("work_id") == self.work_id and i["kind"] in CHAT_KINDS]
+        work = snap.get("work") or {}
+        current = work.get("work_id") == self.work_id
+        self.phase = str(work.get("phase")) if current else ("done" if any(i["kind"] == "assistant" for i in self.items)
+                                                             else "queued")
+        self.heading.value = f"<b>Chat</b> {_phase(self.phase)}"
+        rows = []
+        for i in self.items:
+            who = {"user": "You", "assistant": "Assistant"}.get(i["kind"], str(i.get("tool") or i["kind"]))
+            rows.append(f"<div><b>{escape(who)}:</b> {escape(str(i.get('content') or '')[:2000])}</div>")
+        reason = str(work.get("reason") or "") if current else ""
+        self.detail.value = "".join(rows) + (f"<div>{escape(reason)}</div>" if reason else "")
+        actions = (snap.get("actions") or {}) if current else {}
+        version = work.get("control_version")
+
+        def send(action: str) -> Callable[[], Any]:
+            return lambda: self.client.action(self.session_id, action, version)
+
+        self._set_buttons([(a, label, bool(actions.get(flag)), send(a)) for a, label, flag in
+                           (("pause", "Pause", "can_pause"), ("resume", "Resume", "can_resume"),
+                            ("stop", "End", "can_end"))], reason)
+
+    def concerns(self, event: dict[str, Any]) -> bool:
+        return event.get("work_id") == self.work_id

@@ -1,0 +1,168 @@
+"""Attempts, executor deaths and recovery claims: the statements the Coordinator's passes run.
+
+Each function is one named transition or read inside the caller's transaction. A recovery claim is
+one ``recovery_decisions`` row keyed ``recover:<attempt_id>`` (``claimed`` → ``decided`` →
+``applied``); the recovery summary's ``pass:…`` rows live in ``recovery_passes.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from jupyter_goals.store import control as c
+from jupyter_goals.store.db import Row, Tx
+
+# --------------------------------------------------------------------------- executors and deaths
+
+
+def live_workers(tx: Tx) -> list[Row]:
+    """Workers registered as live (their death is confirmed by identity, not by this row)."""
+    return tx.all("SELECT * FROM workers WHERE state = 'live'")
+
+
+def orphaned_attempts(tx: Tx) -> list[Row]:
+    """Running attempts whose worker ended without releasing them (a crash during a graceful stop)."""
+    return tx.all(
+        "SELECT a.* FROM attempts a JOIN workers w ON a.worker_id = w.worker_id"
+        " WHERE a.state = 'running' AND w.state != 'live'"
+    )
+
+
+def mark_orphan_dead(tx: Tx, attempt: Row, now: float) -> None:
+    """An orphaned attempt dies: its commit point moves and its open requests are lost."""
+    tx.execute("UPDATE attempts SET state = 'dead', ended_at = ?, end_reason = 'worker ended' WHERE attempt_id = ?",
+               (now, attempt["attempt_id"]))
+    c.bump_commit_point(tx, attempt["work_id"])
+    c.lose_requests(tx, attempt["attempt_id"])
+
+
+def tool_in_flight(tx: Tx, turn_id: str) -> bool:
+    """Whether the turn had a tool call ``dispatched`` (the death is charged to it)."""
+    return tx.one(
+        "SELECT effect_id FROM effects WHERE turn_id = ? AND state = 'dispatched' LIMIT 1", (turn_id,)
+    ) is not None
+
+
+def charge_death(tx: Tx, work: Row, attempt_id: str, worker_id: str, deaths: int, delay: float, now: float) -> None:
+    """Charge one executor death to a work item: its consecutive-death count, its backoff, a note on
+    the attempt and a ``recovery.charged`` event, in the transaction that confirms the death."""
+    tx.execute("UPDATE work_items SET recovery_attempts = ?, next_attempt_at = ? WHERE work_id = ?",
+               (deaths, now + delay if delay else 0, work["work_id"]))
+    tx.execute("UPDATE attempts SET end_reason = COALESCE(end_reason, '') || ? WHERE attempt_id = ?",
+               (f"; charged: death {deaths} in a row", attempt_id))
+    c.emit(tx, "recovery.charged", {"attempt_id": attempt_id, "worker_id": worker_id,
+                                    "recovery_attempts": deaths, "delay_s": delay},
+           session_id=work["session_id"], work_id=work["work_id"])
+
+
+def running_attempts_of_worker(tx: Tx, worker_id: str) -> list[Row]:
+    return tx.all("SELECT * FROM attempts WHERE worker_id = ? AND state = 'running'", (worker_id,))
+
+
+# --------------------------------------------------------------------------- recovery claims
+
+
+def unrecovered_attempts(tx: Tx) -> list[Row]:
+    """Dead attempts whose recovery is not decided yet (no claim, or a claim not finished)."""
+    return tx.all(
+        "SELECT a.* FROM attempts a LEFT JOIN recovery_decisions d ON d.decision_key = 'recover:' || a.attempt_id"
+        " WHERE a.state = 'dead' AND (d.state IS NULL OR d.state = 'claimed') ORDER BY a.admitted_at"
+    )
+
+
+def recovery_pending(tx: Tx, work_id: str) -> bool:
+    """Whether a dead attempt of this work item still waits for its recovery decision."""
+    return tx.one(
+        "SELECT a.attempt_id FROM attempts a LEFT JOIN recovery_decisions d"
+        " ON d.decision_key = 'recover:' || a.attempt_id WHERE a.work_id = ? AND a.state = 'dead'"
+        " AND (d.state IS NULL OR d.state = 'claimed') LIMIT 1",
+        (work_id,),
+    ) is not None
+
+
+def recovery_claim(tx: Tx, key: str) -> Row | None:
+    return tx.one("SELECT * FROM recovery_decisions WHERE decision_key = ?", (key,))
+
+
+def claim_recovery(tx: Tx, key: str, work: Row, claimant: str, now: float) -> None:
+    """The first claim of a dead attempt's recovery (the key is unique: one owner)."""
+    tx.execute(
+        "INSERT INTO recovery_decisions (decision_key, work_id, claimed_by, state, control_version, created_at,"
+        " updated_at) VALUES (?, ?, ?, 'claimed', ?, ?, ?)",
+        (key, work["work_id"], claimant, work["control_version"], now, now),
+    )
+
+
+def take_over_claim(tx: Tx, key: str, claimant: str, now: float) -> None:
+    """A dead claimant's unfinished claim passes to ``claimant``."""
+    tx.execute("UPDATE recovery_decisions SET claimed_by = ?, updated_at = ? WHERE decision_key = ?",
+               (claimant, now, key))
+
+
+def record_recovery_decision(tx: Tx, key: str, mode: str, detail: dict[str, Any]) -> None:
+    """The claim's one recovery mode is decided (the Coordinator emits ``recovery.decided`` beside it)."""
+    tx.execute(
+        "UPDATE recovery_decisions SET state = 'decided', mode = ?, updated_at = ?, detail = ? WHERE decision_key = ?",
+        (str(mode), time.time(), c.dumps(detail), key),
+    )
+
+
+def apply_recovery_decisions(tx: Tx, work_id: str, now: float) -> None:
+    """The work item was admitted: its decided recoveries are applied."""
+    tx.execute(
+        "UPDATE recovery_decisions SET state = 'applied', updated_at = ? WHERE work_id = ? AND state = 'decided'",
+        (now, work_id),
+    )
+
+
+# --------------------------------------------------------------------------- facts for decide()
+
+
+def get_turn(tx: Tx, turn_id: str) -> Row | None:
+    return tx.one("SELECT * FROM turns WHERE turn_id = ?", (turn_id,))
+
+
+def unknown_shell_effects(tx: Tx) -> list[Row]:
+    """Shell calls whose outcome is unknown (a late exit file may settle them)."""
+    return tx.all("SELECT * FROM effects WHERE state = 'unknown' AND tool = 'shell' ORDER BY seq")
+
+
+def unfinished_work(tx: Tx) -> list[Row]:
+    """Every work item not done or cancelled, oldest first (the admission pass's input)."""
+    return tx.all("SELECT * FROM work_items WHERE phase NOT IN ('done', 'cancelled') ORDER BY created_at")
+
+
+def live_attempts_of(tx: Tx, work_id: str) -> list[Row]:
+    """A work item's admitted or running attempts, with their worker's host and lease."""
+    return tx.all(
+        "SELECT a.*, w.host_name AS w_host, w.lease_expires_at AS w_lease FROM attempts a"
+        " LEFT JOIN workers w ON a.worker_id = w.worker_id WHERE a.work_id = ? AND a.state IN ('admitted', 'running')",
+        (work_id,),
+    )
+
+
+def sessions_with_live_attempts(tx: Tx) -> set[str]:
+    """Sessions with an admitted or running attempt (of any work item, finished or not)."""
+    return {r["session_id"] for r in tx.all("SELECT DISTINCT session_id FROM attempts WHERE state IN ('admitted', 'running')")}
+
+
+def planned_tool_digests(tx: Tx, turn_id: str) -> list[Row]:
+    """The tool and implementation digest of each planned call of a turn."""
+    return tx.all("SELECT tool, impl_digest FROM effects WHERE turn_id = ? AND state = 'planned'", (turn_id,))
+
+
+def latest_attempt(tx: Tx, work_id: str) -> Row | None:
+    return tx.one("SELECT state, control_version FROM attempts WHERE work_id = ? ORDER BY admitted_at DESC LIMIT 1",
+                  (work_id,))
+
+
+def has_pending_approval(tx: Tx, work_id: str) -> bool:
+    return tx.one("SELECT approval_id FROM approvals WHERE work_id = ? AND state = 'pending' LIMIT 1",
+                  (work_id,)) is not None
+
+
+def pause_work(tx: Tx, work: Row) -> None:
+    """``desired_state = paused`` without a control bump (automatic recovery is disabled)."""
+    tx.execute("UPDATE work_items SET desired_state = 'paused' WHERE work_id = ?", (work["work_id"],))
+    work["desired_state"] = "paused"

@@ -1,0 +1,72 @@
+"""The recovery summary: what the last recovery pass after a server start did with each work item it
+found unfinished or interrupted (``GET /recovery``).
+
+Each reported item is a ``recovery_decisions`` row (``decision_key = pass:<pass_id>:<work_id>``,
+``claimed_by = pass_id``, ``state = 'reported'``: the Coordinator's own ``recover:<attempt>`` claims
+never match it), and ``server_state['recovery.last_pass']`` names the newest pass. A pass that found
+nothing unfinished records nothing, so the summary keeps showing the last one that did.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from jupyter_goals.models import RecoveryOutcome, reason_text, recovery_outcome
+from jupyter_goals.store import control as c
+from jupyter_goals.store.db import Row, Tx
+
+LAST_PASS = "recovery.last_pass"
+
+
+def unfinished_work(tx: Tx) -> list[str]:
+    """The work items a recovery pass starting now is about to decide on: the unfinished ones, and
+    those with an attempt that was admitted or running when the server stopped (interrupted: a stopped
+    chat whose command still ran, for one), oldest first."""
+    return [r["work_id"] for r in tx.all(
+        "SELECT work_id FROM work_items WHERE phase NOT IN ('done', 'cancelled') OR work_id IN"
+        " (SELECT work_id FROM attempts WHERE state IN ('admitted', 'running')) ORDER BY created_at")]
+
+
+def record_pass(tx: Tx, pass_id: str, work_ids: list[str], *, host: str, boot: str) -> dict[str, int]:
+    """Write what the pass decided for each of ``work_ids`` (their state right after it), in one
+    transaction with the pass header and a ``recovery.summary`` event. Returns the counts."""
+    now = time.time()
+    counts = {o.value: 0 for o in RecoveryOutcome}
+    for work_id in work_ids:
+        work = c.get_work(tx, work_id)
+        outcome = recovery_outcome(work["desired_state"], work["phase"])
+        counts[outcome.value] += 1
+        detail = {"outcome": outcome.value, "reason": work["reason"] or reason_text(work["reason_code"]),
+                  "kind": work["kind"], "session_id": work["session_id"], "desired_state": work["desired_state"]}
+        tx.execute(
+            "INSERT INTO recovery_decisions (decision_key, work_id, claimed_by, state, mode, phase, reason_code, detail,"
+            " control_version, created_at, updated_at) VALUES (?, ?, ?, 'reported', NULL, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (decision_key) DO NOTHING",
+            (f"pass:{pass_id}:{work_id}", work_id, pass_id, work["phase"], work["reason_code"], c.dumps(detail),
+             work["control_version"], now, now),
+        )
+    c.set_flag(tx, LAST_PASS, c.dumps({"pass_id": pass_id, "at": now, "host_name": host, "boot_id": boot}))
+    c.emit(tx, "recovery.summary", {"pass_id": pass_id, "counts": counts})
+    return counts
+
+
+def last_pass(tx: Tx) -> tuple[dict[str, Any] | None, list[Row]]:
+    """The newest recorded pass header and its rows (oldest work first), each with its session's
+    title and the work item as it is now (for the actions a person can take from the summary)."""
+    raw = c.get_flag(tx, LAST_PASS)
+    if not raw:
+        return None, []
+    header = json.loads(raw)
+    rows = tx.all(
+        "SELECT d.work_id, d.phase, d.reason_code, d.detail, d.created_at, s.session_id, s.title, w.kind AS w_kind,"
+        " w.desired_state AS w_desired, w.phase AS w_phase, w.reason_code AS w_reason_code, w.created_at AS w_created"
+        " FROM recovery_decisions d JOIN work_items w ON w.work_id = d.work_id"
+        " JOIN sessions s ON s.session_id = w.session_id WHERE d.claimed_by = ? AND d.state = 'reported'"
+        " ORDER BY w.created_at",
+        (header["pass_id"],),
+    )
+    for r in rows:
+        r["detail"] = json.loads(r["detail"] or "{}")
+    return header, rows

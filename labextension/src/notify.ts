@@ -1,0 +1,79 @@
+import { Notification } from '@jupyterlab/apputils';
+
+import { IGoalsEvent } from './api';
+import { sharedEventFeed } from './events';
+
+/** What a notification says and the key that makes it appear once. */
+export interface INotice {
+  key: string;
+  type: 'warning' | 'error' | 'success';
+  message: string;
+  sessionId: string | null;
+}
+
+/**
+ * The events that need the person, in words: a pending approval, failed work, a budget stop, a Goal
+ * achieved. Pure: the same event always gives the same key, so a repeated event is not shown twice.
+ */
+export function noticeFor(event: IGoalsEvent): INotice | null {
+  const p = event.payload ?? {};
+  const sessionId = event.session_id;
+  switch (event.kind) {
+    case 'approval.requested':
+      return {
+        key: `approval:${String(p.approval_id)}`,
+        type: 'warning',
+        message: `Approval needed: a ${String(p.tool ?? 'tool')} call waits for you.`,
+        sessionId
+      };
+    case 'work.phase':
+      if (p.phase === 'failed') {
+        return {
+          key: `failed:${String(event.work_id)}:${String(p.reason_code)}`,
+          type: 'error',
+          message: `Work failed: ${String(p.reason || p.reason_code || 'see the session')}`,
+          sessionId
+        };
+      }
+      return null;
+    case 'goal.updated':
+      if (p.state === 'achieved') {
+        return { key: `achieved:${String(p.goal_id)}`, type: 'success', message: 'Goal achieved.', sessionId };
+      }
+      if (p.state === 'budget_exhausted') {
+        return {
+          key: `budget:${String(p.goal_id)}:${String(p.revision)}`,
+          type: 'warning',
+          message: 'A Goal stopped at its budget: raise the budget or end it.',
+          sessionId
+        };
+      }
+      return null;
+    default:
+      return null;
+  }
+}
+
+/**
+ * JupyterLab notifications (the notification center) for work that needs the person, each once
+ * per key for the life of the page. `open` shows the session the notice is about.
+ */
+export function startNotifications(open: (sessionId: string) => void): () => void {
+  const shown = new Set<string>();
+  return sharedEventFeed().subscribe(events => {
+    for (const event of events ?? []) {
+      const notice = noticeFor(event);
+      if (notice === null || shown.has(notice.key)) {
+        continue;
+      }
+      shown.add(notice.key);
+      const sessionId = notice.sessionId;
+      const actions = sessionId
+        ? [{ label: 'Open', caption: 'Open the session', callback: () => open(sessionId) }]
+        : [];
+      // the toast steps aside after a while (it covers the composer's buttons); the notification
+      // center keeps it until dismissed
+      Notification.emit(notice.message, notice.type, { autoClose: notice.type === 'error' ? 15000 : 8000, actions });
+    }
+  });
+}

@@ -1,0 +1,423 @@
+import { ServerConnection } from '@jupyterlab/services';
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import {
+  GoalsAPIError,
+  IGoalsEvent,
+  IHistoryRecord,
+  IModelInfo,
+  ISessionSnapshot,
+  ITranscriptItem,
+  requestGoalsAPI
+} from './api';
+import { Composer } from './composer';
+import { debounce, sharedEventFeed } from './events';
+import { modelCatalog } from './models';
+import { TranscriptList } from './transcript';
+import {
+  actionBar,
+  actionErrorText,
+  alertNode,
+  approvalView,
+  badge,
+  el,
+  postAction,
+  replaceKeepingFocus,
+  SESSION_VIEW_ACTIONS,
+  showAlert,
+  showHistoryDetails,
+  unavailableNode
+} from './views';
+
+/** The newest page a session view opens with; older pages load on scroll up. */
+export const PAGE_SIZE = 100;
+const FORWARD_PAGE = 500;
+
+/** One sentence each, so a person knows which to press. */
+export const PAUSE_WORDS = 'Pause lets the running step finish and starts nothing new.';
+export const STOP_WORDS = 'Stop ends the work now: a running command is cancelled.';
+
+/**
+ * One session in the main area: header (title, model, state, reason, backend actions), the
+ * windowed transcript, pending approvals and the composer. It reads `GET /sessions/{id}` when it
+ * opens (newest page first), when it is shown again, after the event feed reconnects and when an
+ * event names its session; it reads forward with `?after=<last seq>` (the transcript is append-only),
+ * so it never holds state the server did not give it.
+ */
+export class SessionView extends Widget {
+  constructor(
+    readonly sessionId: string,
+    private readonly _settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+  ) {
+    super();
+    this.addClass('jp-goals-SessionView');
+    this.node.dataset.testid = 'goals-session-view';
+    this.node.dataset.sessionId = sessionId;
+
+    this._header = el('header', 'jp-goals-session-header', undefined, 'goals-session-header');
+    this._title = el('h2', 'jp-goals-session-heading', 'Loading…', 'goals-session-heading');
+    this._meta = el('div', 'jp-goals-session-meta', undefined, 'goals-session-meta');
+    this._state = el('div', 'jp-goals-detail-state', undefined, 'goals-session-state');
+    this._actions = el('div', 'jp-goals-session-actions');
+    this._connection = el('span', 'jp-goals-connection', '', 'goals-connection');
+    this._connection.setAttribute('role', 'status');
+    this._header.append(this._title, this._meta, this._state, this._actions, this._connection);
+
+    this._error = el('div');
+    this._alert = alertNode('goals-session-alert');
+    this._transcript = new TranscriptList({
+      openGoalRecord: item => void this._openRecord(item),
+      loadOlder: () => void this._loadOlder(),
+      cancelCall: callId =>
+        void this._act(`sessions/${encodeURIComponent(this.sessionId)}/actions`, {
+          action: 'cancel_tool',
+          effect_id: callId
+        })
+    });
+    this._approvals = el('section', 'jp-goals-approvals', undefined, 'goals-session-approvals');
+    this._approvals.setAttribute('aria-label', 'Waiting for you');
+    this._draft = el('div', 'jp-goals-item jp-goals-item-assistant jp-goals-draft', undefined, 'goals-draft');
+    this._draft.hidden = true;
+    this._draft.setAttribute('aria-live', 'polite');
+    this._composer = new Composer(sessionId, this._settings, {
+      isAcknowledged: (accepted) =>
+        this._transcript.hasItem(`input:${accepted.work_id}`) ||
+        this._transcript.hasItem(`steer:${accepted.message_id}`),
+      onSent: () => this._refreshSoon(),
+      onGoalAction: (path, body) => this._act(path, body)
+    });
+    // the feed emits nothing while the server is gone: say so from its mode
+    this._connectionTimer = window.setInterval(() => {
+      this._showConnection(sharedEventFeed().mode === 'down' ? 'Reconnecting to the server…' : '');
+    }, 500);
+    this.node.append(
+      this._header,
+      this._error,
+      this._alert,
+      this._transcript.node,
+      this._draft,
+      this._approvals,
+      this._composer.node
+    );
+  }
+
+  /** Re-read the session (forward from the last seen seq; the first read opens the newest page). */
+  refresh(): Promise<void> {
+    if (this._pending) {
+      this._again = true;
+      return this._pending;
+    }
+    this._pending = this._refresh().finally(() => {
+      this._pending = null;
+      if (this._again && !this.isDisposed) {
+        this._again = false;
+        void this.refresh();
+      }
+    });
+    return this._pending;
+  }
+
+  /** Resolves once the first page is rendered (tests and the open command time this). */
+  get ready(): Promise<void> {
+    return this._ready;
+  }
+
+  dispose(): void {
+    this._unsubscribe?.();
+    this._unsubscribe = null;
+    this._composer.dispose();
+    window.clearInterval(this._connectionTimer);
+    super.dispose();
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    this._follow();
+    void this.refresh();
+  }
+
+  protected onBeforeDetach(msg: Message): void {
+    this._unsubscribe?.();
+    this._unsubscribe = null;
+    super.onBeforeDetach(msg);
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this._transcript.update();
+    void this.refresh();
+  }
+
+  protected onResize(msg: Widget.ResizeMessage): void {
+    super.onResize(msg);
+    this._transcript.update();
+  }
+
+  protected onActivateRequest(msg: Message): void {
+    super.onActivateRequest(msg);
+    this._composer.focus();
+  }
+
+  private _follow(): void {
+    if (this._unsubscribe !== null) {
+      return;
+    }
+    const feed = sharedEventFeed();
+    this._unsubscribe = feed.subscribe(events => {
+      if (events === null) {
+        void this.refresh(); // a (re)connect: snapshot again
+        return;
+      }
+      let relevant = false;
+      for (const event of events) {
+        if (event.session_id !== this.sessionId) {
+          continue;
+        }
+        relevant = true;
+        this._onEvent(event);
+      }
+      if (relevant) {
+        this._refreshSoon();
+      }
+    });
+  }
+
+  private _showConnection(text: string): void {
+    if (this._connection.textContent !== text) {
+      this._connection.textContent = text;
+      this.node.classList.toggle('jp-goals-mod-reconnecting', text !== '');
+    }
+  }
+
+  /** Event payloads are hints: effect states move a call's badge, drafts show streamed text. */
+  private _onEvent(event: IGoalsEvent): void {
+    const payload = event.payload ?? {};
+    if (event.kind === 'effect.state' && typeof payload.call_id === 'string' && typeof payload.state === 'string') {
+      this._transcript.setEffectState(payload.call_id, payload.state);
+    } else if (/draft|delta/.test(event.kind)) {
+      const piece = payload.text ?? payload.delta ?? payload.chunk;
+      if (typeof piece === 'string') {
+        this._draftText = payload.full === true ? piece : this._draftText + piece;
+        this._draft.replaceChildren(
+          el('div', 'jp-goals-item-who', 'Assistant (streaming)'),
+          el('div', 'jp-goals-item-text', this._draftText)
+        );
+        this._draft.hidden = false;
+      }
+    } else if (event.kind === 'transcript.item' && payload.kind === 'assistant') {
+      this._clearDraft();
+    }
+  }
+
+  private _clearDraft(): void {
+    this._draftText = '';
+    this._draft.hidden = true;
+    this._draft.replaceChildren();
+  }
+
+  private _refreshSoon = debounce(() => void this.refresh(), 60);
+
+  private async _refresh(): Promise<void> {
+    const id = encodeURIComponent(this.sessionId);
+    try {
+      let snapshot: ISessionSnapshot;
+      if (!this._opened) {
+        snapshot = await requestGoalsAPI<ISessionSnapshot>(
+          `sessions/${id}?before=latest&limit=${PAGE_SIZE}`,
+          this._settings
+        );
+        this._transcript.reset(snapshot.transcript?.items ?? []);
+        this._prevCursor = snapshot.transcript?.prev_cursor ?? null;
+        this._transcript.setOlderState(this._prevCursor === null ? 'start' : 'more');
+        this._opened = true;
+      } else {
+        snapshot = await requestGoalsAPI<ISessionSnapshot>(
+          `sessions/${id}?after=${this._transcript.lastSeq}&limit=${FORWARD_PAGE}`,
+          this._settings
+        );
+        this._transcript.append(snapshot.transcript?.items ?? []);
+        if (snapshot.transcript?.next_cursor) {
+          this._again = true; // more than a page arrived: read on
+        }
+      }
+      this._error.replaceChildren();
+      this.node.classList.remove('jp-goals-mod-stale');
+      sharedEventFeed().nudge(); // the server answers: the feed need not wait out its backoff
+      await this._render(snapshot);
+      this._resolveReady();
+    } catch (error) {
+      const detail = error instanceof Error ? error.message : String(error);
+      const shown = this._error.querySelector<HTMLElement>('[data-testid="goals-session-error-detail"]');
+      if (shown) {
+        shown.textContent = detail; // keep the box (and its Refresh button) in place while reads fail
+      } else {
+        this._error.replaceChildren(unavailableNode(detail, () => void this.refresh(), 'goals-session-error'));
+      }
+      this.node.classList.add('jp-goals-mod-stale');
+      if (error instanceof GoalsAPIError && error.status === 404) {
+        this._title.textContent = 'Session not found';
+      }
+    }
+  }
+
+  private async _loadOlder(): Promise<void> {
+    if (this._loadingOlder || this._prevCursor === null || !this._opened) {
+      return;
+    }
+    this._loadingOlder = true;
+    this._transcript.setOlderState('loading');
+    try {
+      const id = encodeURIComponent(this.sessionId);
+      const snapshot = await requestGoalsAPI<ISessionSnapshot>(
+        `sessions/${id}?before=${this._prevCursor}&limit=${PAGE_SIZE}`,
+        this._settings
+      );
+      const items: ITranscriptItem[] = snapshot.transcript?.items ?? [];
+      this._prevCursor = snapshot.transcript?.prev_cursor ?? null;
+      this._transcript.prepend(items);
+    } catch (error) {
+      showAlert(this._alert, `Older messages could not be read: ${actionErrorText(error)}`);
+    } finally {
+      this._loadingOlder = false;
+      this._transcript.setOlderState(this._prevCursor === null ? 'start' : 'more');
+    }
+  }
+
+  private async _render(snapshot: ISessionSnapshot): Promise<void> {
+    const session = snapshot.session;
+    const title = session.title || 'Untitled chat';
+    this._title.textContent = title;
+    this.title.label = title;
+    this.title.caption = `Goals session ${this.sessionId}`;
+
+    const model = await modelCatalog(this._settings).find(session.model ?? '');
+    this._renderMeta(snapshot, model);
+
+    const work = snapshot.work;
+    this._state.replaceChildren();
+    if (work) {
+      this._state.append(badge(work.phase, 'goals-session-phase'));
+      if (work.reason) {
+        const reason = el('span', 'jp-goals-reason', work.reason, 'goals-session-reason');
+        reason.dataset.reasonCode = work.reason_code;
+        this._state.append(reason);
+      }
+      this.node.dataset.phase = work.phase;
+      if (!['working', 'recovering'].includes(work.phase)) {
+        this._clearDraft();
+      }
+    } else {
+      this._state.append(el('span', 'jp-goals-empty', 'No work yet: send a message to start.'));
+      this.node.dataset.phase = '';
+    }
+    const why = work?.reason || snapshot.actions.reason_code || '';
+    replaceKeepingFocus(
+      this._actions,
+      actionBar('goals-session-view', SESSION_VIEW_ACTIONS, snapshot.actions, why, action =>
+        this._act(`sessions/${encodeURIComponent(this.sessionId)}/actions`, {
+          action,
+          ...(work?.control_version !== undefined ? { expected_control_version: work.control_version } : {})
+        })
+      ),
+      el('div', 'jp-goals-help', `${PAUSE_WORDS} ${STOP_WORDS}`, 'goals-session-help')
+    );
+
+    const approvals: HTMLElement[] = [];
+    if (snapshot.approvals.length > 0) {
+      approvals.push(el('div', 'jp-goals-subheading', 'Waiting for you'));
+      for (const approval of snapshot.approvals) {
+        approvals.push(
+          approvalView(approval, decision =>
+            this._act(`approvals/${encodeURIComponent(approval.approval_id)}`, { decision })
+          )
+        );
+      }
+    }
+    replaceKeepingFocus(this._approvals, ...approvals);
+    this._approvals.hidden = snapshot.approvals.length === 0;
+
+    this._composer.update(snapshot);
+  }
+
+  private _renderMeta(snapshot: ISessionSnapshot, model: IModelInfo | null): void {
+    const session = snapshot.session;
+    const parts: HTMLElement[] = [];
+    const modelName = session.model ?? 'default';
+    const modelNode = el('span', 'jp-goals-session-model', undefined, 'goals-session-model');
+    modelNode.append(el('span', 'jp-goals-meta-label', 'Model '), el('code', undefined, model?.name ?? modelName));
+    if (model && !model.credentials_present) {
+      modelNode.append(el('span', 'jp-goals-warn', ' (credentials missing)'));
+    }
+    parts.push(modelNode);
+    if (model?.description) {
+      parts.push(el('span', 'jp-goals-model-description', model.description, 'goals-session-model-description'));
+    }
+    if (session.cwd) {
+      const cwd = el('span', 'jp-goals-session-cwd', undefined, 'goals-session-cwd');
+      cwd.append(el('span', 'jp-goals-meta-label', 'Folder '), el('code', undefined, session.cwd));
+      parts.push(cwd);
+    }
+    const mode = session.permissions?.mode ?? 'ask';
+    const allow = (session.permissions?.allow ?? []).map(a => (typeof a === 'string' ? a : JSON.stringify(a)));
+    parts.push(
+      el(
+        'span',
+        'jp-goals-session-permissions',
+        `Permissions: ${mode === 'bypass' ? 'bypass (no approvals)' : 'ask before writes and commands'}${
+          allow.length ? `; allowed without asking: ${allow.join(', ')}` : ''
+        }`,
+        'goals-session-permissions'
+      )
+    );
+    this._meta.replaceChildren(...parts);
+  }
+
+  private async _openRecord(item: ITranscriptItem): Promise<void> {
+    try {
+      const answer = await requestGoalsAPI<{ records: IHistoryRecord[] }>(
+        `sessions/${encodeURIComponent(this.sessionId)}/history`,
+        this._settings
+      );
+      const goalId = item.meta?.goal_id;
+      const record = (answer.records ?? []).find(
+        r => r.anchor?.item_id === item.item_id || (goalId !== undefined && r.goal_id === goalId)
+      );
+      if (!record) {
+        showAlert(this._alert, 'This Goal record could not be found.');
+        return;
+      }
+      await showHistoryDetails(record);
+    } catch (error) {
+      showAlert(this._alert, actionErrorText(error));
+    }
+  }
+
+  private async _act(path: string, body: unknown): Promise<void> {
+    await postAction(path, body, this._settings, this._alert);
+    await this.refresh();
+  }
+
+  private _resolveReady: () => void = () => undefined;
+  private readonly _ready = new Promise<void>(resolve => (this._resolveReady = resolve));
+  private readonly _header: HTMLElement;
+  private readonly _title: HTMLElement;
+  private readonly _meta: HTMLElement;
+  private readonly _state: HTMLElement;
+  private readonly _actions: HTMLElement;
+  private readonly _connection: HTMLElement;
+  private readonly _error: HTMLElement;
+  private readonly _alert: HTMLElement;
+  private readonly _approvals: HTMLElement;
+  private readonly _draft: HTMLElement;
+  private readonly _transcript: TranscriptList;
+  private readonly _composer: Composer;
+  private readonly _connectionTimer: number;
+  private _draftText = '';
+  private _opened = false;
+  private _prevCursor: number | null = null;
+  private _loadingOlder = false;
+  private _pending: Promise<void> | null = null;
+  private _again = false;
+  private _unsubscribe: (() => void) | null = null;
+}

@@ -1,0 +1,832 @@
+"""A model-based test of the Coordinator (issue 16, item 5): random interleavings, invariants after every step.
+
+A hypothesis ``RuleBasedStateMachine`` drives, in this process and on a real SQLite file (a copy of one
+file migrated by the real migrations), the real ``Coordinator`` (``recover()`` and ``admit()``), the real
+``TurnRunner`` of worker attempts with the scripted provider, and the store functions behind the REST
+routes (messages with their ``client_request_id``, pause / resume / stop / retry / stop_all, approve /
+deny). Nothing of our storage is mocked.
+
+How processes are played without processes:
+- Every attempt a worker claims runs in a thread of its own; each interruption point it reaches
+  (``faults.crash_point``: ``provider.*``, ``tool.*``) and the test tool's side effect hand control back
+  to the state machine, so other rules run between any two steps of any attempt. Only one thread runs
+  at a time: the histories are deterministic.
+- A worker process and a server process are stood for by real ``sleep`` processes: the worker row is
+  registered with one's ``(pid, start time)``, and the Coordinator's recovery claims carry the other's.
+  A crash kills that process (the Coordinator confirms the death by identity, as after ``kill -9``) and
+  abandons each of its attempts at the point it had reached (``Crash`` raised there: nothing after the
+  point runs, as with ``os._exit``). A server crash (also at ``recovery.after_claim`` /
+  ``recovery.after_decision``) takes its workers with it (``PR_SET_PDEATHSIG``); the new server's
+  Coordinator runs ``recover()`` at start, sometimes after a new boot id (a machine restart).
+- The test tool ``mark`` (capability ``unknown``, registered by implementation identity) appends its
+  effect id to ``effects.log`` in the session's folder, so every execution is counted on disk.
+- Histories start with up to three requests and sometimes a prefix played by the same machinery (a write
+  waiting for its approval, that approval given, or a write whose worker died after it began), so that
+  six random steps reach approvals, unknown outcomes and restricted turns often.
+
+Invariants, after every step: at most one live attempt per work item (and per session, within the
+quota); no effect executed twice, and an effect whose outcome became unknown never again dispatched or
+executed; an approval consumed at most once, only after the person approved it, and every execution
+that needed an approval consumed one; paused or stopped work never admitted nor starting a model
+request or a tool call; no accepted message lost; every unfinished ``run`` item queued, working,
+recovering, or waiting / failed with its reason code, and after a full Coordinator pass admitted or
+held back by the quota or its session's running item.
+
+Not covered here: the REST handlers and ``GoalsService`` (the test commits what their transactions
+commit, through the same store functions), the detached shell tool, subtasks and durable waits, Goals,
+PostgreSQL, and several attempts sharing one event loop (each runs on its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from jupyter_goals.identity import boot_id, host_name, process_start_time
+from jupyter_goals.models import ReasonCode
+from jupyter_goals.recovery import coordinator as coordinator_module
+from jupyter_goals.recovery.coordinator import Coordinator
+from jupyter_goals.runtime import turn as turn_module
+from jupyter_goals.runtime.tools import ToolContext, ToolRegistry, ToolResult
+from jupyter_goals.runtime.turn import HistoryCache, TurnRunner
+from jupyter_goals.secrecy import Redactor
+from jupyter_goals.store import control as c
+from jupyter_goals.store.db import Database, NotFound, Row, Tx, VersionConflict
+from jupyter_goals.store.schema import migrate
+
+HISTORIES = int(os.environ.get("JG_MODEL_HISTORIES", "2000"))
+STEPS = 6
+MAX_CONCURRENT = 2
+MAX_RECOVERIES = 3
+# write: one call to the test tool; "write again": after an unknown outcome the model tries the write
+# again as a new call (which then needs a fresh approval bound to the unknown set)
+RULES: list[dict[str, Any]] = [
+    {"when": {"last_user_contains": "again", "tool_result_unknown": True},
+     "respond": {"text": "Trying again.", "tool_calls": [{"name": "mark", "arguments": {"again": True}}],
+                 "usage": {"input_tokens": 3, "output_tokens": 2}}},
+    {"when": {"last_tool_result_contains": ""},
+     "respond": {"text": "Done.", "usage": {"input_tokens": 3, "output_tokens": 1}}},
+    {"when": {"last_user_contains": "write"},
+     "respond": {"text": "Writing.", "tool_calls": [{"name": "mark", "arguments": {}}],
+                 "usage": {"input_tokens": 2, "output_tokens": 2}}},
+]
+TEXTS = ["chat", "write", "write again"]
+SESSIONS = [{"mode": "ask"}, {"mode": "bypass"}, {"mode": "bypass"}]
+REDACTOR = Redactor({})
+
+
+class Crash(BaseException):
+    """The process died at this point (``os._exit`` in the product): nothing after it runs."""
+
+
+# --------------------------------------------------------------------------- attempts as stepped threads
+
+_local = threading.local()
+_coordinator_crash: dict[str, str | None] = {"at": None}
+
+
+def interruption_point(point: str) -> None:
+    """Replaces ``crash_point`` in the turn loop and the Coordinator: an attempt's thread hands control
+    back to the state machine here (which continues it or lets it die here); the Coordinator dies at
+    the point the rule chose."""
+    handoff: AttemptThread | None = getattr(_local, "handoff", None)
+    if handoff is not None:
+        handoff.pause(point)
+    elif _coordinator_crash["at"] == point:
+        _coordinator_crash["at"] = None
+        raise Crash(point)
+
+
+async def mark(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    """The test tool: a side effect counted on disk, one line per execution."""
+    interruption_point("tool.side_effect")  # after the ``dispatched`` commit, before the effect happens
+    # each attempt runs in a thread of its own: a one-line append needs no executor hop
+    with open(Path(ctx.cwd) / "effects.log", "a", encoding="utf-8") as f:  # noqa: ASYNC230
+        f.write(ctx.effect_id + "\n")
+    return ToolResult("marked")
+
+
+class AttemptThread:
+    """One claimed attempt, run by the real TurnRunner in a thread that pauses at each point."""
+
+    def __init__(self, runner: TurnRunner, attempt: Row, worker: str) -> None:
+        self.attempt = attempt
+        self.worker = worker
+        self.point = "start"
+        self.done = False
+        self.error: BaseException | None = None
+        self._crash = False
+        self._go = threading.Semaphore(0)
+        self._arrived = threading.Semaphore(0)
+        self._thread = threading.Thread(target=self._main, args=(runner,), daemon=True)
+
+    def _main(self, runner: TurnRunner) -> None:
+        _local.handoff = self
+        try:
+            asyncio.run(runner.run())
+        except Crash:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - reported by the state machine
+            self.error = exc
+        finally:
+            self.done = True
+            self._arrived.release()
+
+    def pause(self, point: str) -> None:  # in the attempt's thread
+        self.point = point
+        self._arrived.release()
+        self._go.acquire()
+        if self._crash:
+            raise Crash(point)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._arrived.acquire()
+
+    def advance(self) -> None:
+        assert not self.done
+        self._go.release()
+        self._arrived.acquire()
+
+    def crash(self) -> None:
+        if not self.done:
+            self._crash = True
+            self._go.release()
+            self._arrived.acquire()
+        self._thread.join()
+
+
+# --------------------------------------------------------------------------- stand-in processes
+
+
+class Sleepers:
+    """Real processes whose identity stands for a worker or a server; killing one is that process's death."""
+
+    def __init__(self) -> None:
+        self.pool: list[subprocess.Popen[bytes]] = []
+
+    def take(self) -> subprocess.Popen[bytes]:
+        return self.pool.pop() if self.pool else subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL,
+                                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def give_back(self, proc: subprocess.Popen[bytes]) -> None:
+        self.pool.append(proc)
+
+    @staticmethod
+    def kill(proc: subprocess.Popen[bytes]) -> None:
+        proc.kill()
+        proc.wait()
+
+    def close(self) -> None:
+        for p in self.pool:
+            self.kill(p)
+        self.pool.clear()
+
+
+SLEEPERS = Sleepers()
+COVERED: Counter[str] = Counter()  # what the histories did: rules run, crash points, outcomes seen
+
+
+def identity(proc: subprocess.Popen[bytes]) -> tuple[str, str, int, int | None]:
+    return host_name(), boot_id(), proc.pid, process_start_time(proc.pid)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class Env:
+    """Per-test resources shared by all histories: a migrated template database and the script."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.state = base / "state"  # each history's state dir: control.db copied from the template
+        self.root = base / "root"  # the sessions' folder: effects.log counts the test tool's executions
+        self.log = self.root / "effects.log"
+        self.state.mkdir()
+        self.root.mkdir()
+        script = base / "script.json"
+        script.write_text(json.dumps({"rules": RULES, "default": {"text": "Hi.", "usage": {"input_tokens": 1,
+                                                                                         "output_tokens": 1}}}))
+        self.model = f"scripted:{script}"
+        self.registry = ToolRegistry({"mark": {"impl": f"{__name__}:mark", "capability": "unknown"}})
+        self.template = base / "template.db"
+        db = Database(f"sqlite:///{self.template}")
+        migrate(db, "control")  # the real migrations, once; every history starts from a copy
+        self.sessions = [db.transact(lambda tx, p=p: c.create_session(tx, "s", str(self.root), self.model, p))["session_id"]
+                         for p in SESSIONS]
+        self.template_seq = int(db.transact(lambda tx: tx.scalar("SELECT MAX(seq) AS n FROM events")) or 0)
+        db.close()
+        self.count = 0
+
+    def fresh(self) -> str:
+        """A new history's control.db (a copy of the template) and an empty effects.log; its URL."""
+        for f in self.state.iterdir():
+            f.unlink()
+        self.log.unlink(missing_ok=True)
+        shutil.copyfile(self.template, self.state / "control.db")
+        self.count += 1
+        return f"sqlite:///{self.state / 'control.db'}"
+
+
+ENV: Env | None = None
+
+
+class CoordinatorModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        assert ENV is not None
+        self.env = ENV
+        url = ENV.fresh()
+        self.state = ENV.state
+        self.db = Database(url, inline=True)  # the server's store (read by the checks too)
+        self.wdb = Database(url, inline=True)  # the workers' store
+        self.loop = asyncio.new_event_loop()
+        self.boot = os.environ.get("JUPYTER_GOALS_BOOT_ID")
+        self.server_proc = SLEEPERS.take()
+        self.coordinator = self._new_coordinator()
+        self.worker: tuple[str, int, subprocess.Popen[bytes]] | None = None
+        self.histories = HistoryCache()  # the worker process's provider-ready histories (lost when it dies)
+        self.threads: list[AttemptThread] = []
+        self.sessions = ENV.sessions
+        self.ask = {self.sessions[i] for i, p in enumerate(SESSIONS) if p["mode"] == "ask"}
+        self.sent: list[tuple[str, str, str, str]] = []  # (session, client_request_id, text, message_id)
+        self.approved: set[str] = set()  # approvals the person approved (they were pending then)
+        self.denied: set[str] = set()
+        self.approval_states: dict[str, str] = {}
+        self.unknown_runs: dict[str, int] = {}  # effect id seen unknown -> executions counted then
+        self.attempts_seen: set[str] = set()
+        self.full_pass = False  # the last step was a whole Coordinator pass that ran to its end
+        self.last = Snapshot(event_seq=ENV.template_seq)  # the state after the last step (the next step's "before")
+
+    # ------------------------------------------------------------------ plumbing
+    def tx(self, fn: Any, write: bool = True) -> Any:
+        return self.db.transact(fn, write=write)
+
+    def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[Row]:
+        return self.db.transact(lambda tx: tx.all(sql, params), write=False)  # type: ignore[no-any-return]
+
+    def _new_coordinator(self) -> Coordinator:
+        coord = Coordinator(self.db, state_dir=self.state, default_model=self.env.model, registry=self.env.registry,
+                            max_concurrent_turns=MAX_CONCURRENT, max_recovery_attempts=MAX_RECOVERIES,
+                            recovery_backoff_s=0.0, redactor=REDACTOR)
+        coord.claimant = "|".join(str(x) for x in identity(self.server_proc))  # this server process's identity
+        return coord
+
+    def live_threads(self) -> list[AttemptThread]:
+        return [t for t in self.threads if not t.done]
+
+    def _step_start(self) -> None:
+        COVERED[sys._getframe(1).f_code.co_name] += 1
+        self.full_pass = False
+
+    def _die(self, threads: list[AttemptThread]) -> None:
+        for t in threads:
+            t.crash()
+            assert t.error is None, t.error
+
+    def _worker_dies(self) -> None:
+        if self.worker is None:
+            return
+        _, _, proc = self.worker
+        self._die([t for t in self.live_threads() if t.worker == self.worker[0]])
+        SLEEPERS.kill(proc)
+        self.worker = None
+
+    def _server_dies(self, reboot: bool) -> None:
+        """The server dies; its workers die with it; a new server starts and recovers."""
+        self._worker_dies()
+        SLEEPERS.kill(self.server_proc)
+        if reboot:
+            os.environ["JUPYTER_GOALS_BOOT_ID"] = c.new_id("boot")
+        self.server_proc = SLEEPERS.take()
+        self.coordinator = self._new_coordinator()
+        self.loop.run_until_complete(self.coordinator.recover())
+        self.full_pass = True
+
+    def teardown(self) -> None:
+        for t in self.threads:
+            t.crash()
+        if self.worker is not None:
+            SLEEPERS.give_back(self.worker[2])
+        SLEEPERS.give_back(self.server_proc)
+        self.loop.close()
+        self.db.close()
+        self.wdb.close()
+        if self.boot is None:
+            os.environ.pop("JUPYTER_GOALS_BOOT_ID", None)
+        else:
+            os.environ["JUPYTER_GOALS_BOOT_ID"] = self.boot
+
+    # ------------------------------------------------------------------ people
+    @initialize(first=st.lists(st.tuples(st.integers(0, len(SESSIONS) - 1), st.sampled_from(TEXTS)), max_size=3),
+                admit=st.booleans(), prefix=st.sampled_from(["", "", "", "approval asked", "approved", "unknown outcome"]))
+    def some_work(self, first: list[tuple[int, str]], admit: bool, prefix: str = "") -> None:
+        """Histories start with up to three requests, admitted at once or not yet, sometimes after a prefix
+        played by the same real machinery: a write waiting for its approval, the approval given, or a write
+        whose worker died after it began (its outcome unknown; its work then restricted)."""
+        if prefix:
+            self._prefix(prefix)
+        for s, text in first:
+            self.send_message(s, text, False, 1, False)
+        if admit or not (first or prefix):
+            self.server("admit")
+
+    def _prefix(self, prefix: str) -> None:
+        check = self.check_invariants_after_each_step
+        if prefix == "unknown outcome":
+            self.send_message(1, "write again", False, 1, True)
+            check()
+            assert self._claim()
+            t = self.live_threads()[-1]
+            while t.point != "tool.side_effect":
+                t.advance()
+            check()
+            self._worker_dies()
+            self.server("recover")
+            check()
+            return
+        self.send_message(0, "write", False, 1, True)
+        check()
+        assert self._claim()
+        t = self.live_threads()[-1]
+        while not t.done:
+            t.advance()
+        check()
+        if prefix == "approved":
+            self.decide_approval(0, "approve", True, 1)
+            check()
+
+    def _wake(self, wake: bool) -> None:
+        """After a commit that may create work the handler wakes the admission loop (or the wake-up is lost)."""
+        if wake:
+            self.loop.run_until_complete(self.coordinator.admit())
+
+    @rule(s=st.integers(0, len(SESSIONS) - 1), text=st.sampled_from(TEXTS), steer=st.booleans(),
+          repeat=st.integers(0, 3), wake=st.booleans())
+    def send_message(self, s: int, text: str, steer: bool, repeat: int, wake: bool = False) -> None:
+        """``POST /sessions/{id}/messages``; one time in four a client's retry of an earlier message with
+        its ``client_request_id``, which answers the first message and changes nothing."""
+        self._step_start()
+        if repeat == 0 and self.sent:
+            sid, crid, text, message_id = self.sent[(s * 7 + len(text)) % len(self.sent)]
+        else:
+            sid, crid, message_id = self.sessions[s], f"r{len(self.sent)}", ""
+        before = self.rows("SELECT (SELECT COUNT(*) FROM messages) AS m, (SELECT COUNT(*) FROM work_items) AS w")
+
+        def run(tx: Tx) -> tuple[Row, bool]:
+            return c.accept_message(tx, c.get_session(tx, sid), text, crid, "steer" if steer else "queue",
+                                    auto_recover=True, host=host_name())
+
+        msg, created = self.tx(run)
+        if message_id:
+            COVERED["message repeated"] += 1
+            assert not created and msg["message_id"] == message_id
+            assert self.rows("SELECT (SELECT COUNT(*) FROM messages) AS m, (SELECT COUNT(*) FROM work_items) AS w") \
+                == before
+        else:
+            assert created
+            self.sent.append((sid, crid, text, msg["message_id"]))
+        self._wake(wake)
+
+    @rule(s=st.integers(0, len(SESSIONS) - 1),
+          action=st.sampled_from(["pause", "resume", "stop", "retry", "pause", "resume", "stop_all"]),
+          stale=st.integers(0, 4), wake=st.booleans())
+    def control(self, s: int, action: str, stale: int, wake: bool) -> None:
+        """A session action as ``POST /sessions/{id}/actions`` commits it (End = stop), or ``stop_all``; one
+        time in five sent with an outdated ``expected_control_version`` (409, nothing changes)."""
+        self._step_start()
+        busy = [r["session_id"] for r in self.rows("SELECT DISTINCT session_id FROM work_items WHERE phase NOT IN"
+                                                    " ('done', 'cancelled') ORDER BY session_id")]
+        sid = busy[s % len(busy)] if busy else self.sessions[s]
+        if action == "stop_all":
+            self.tx(c.stop_all)
+            self._wake(wake)
+            return
+
+        def run(tx: Tx) -> Row:
+            work = c.current_work(tx, sid)
+            if work is None:
+                raise NotFound(sid)
+            expected = int(work["control_version"]) - 1 if stale == 0 else None
+            if action == "stop":
+                for other in c.unfinished_work_of_session(tx, sid, except_work_id=work["work_id"]):
+                    c.apply_control(tx, other, "stop", None)
+            return c.apply_control(tx, work, action, expected)
+
+        try:
+            self.tx(run)
+            COVERED[f"control {action}"] += 1
+        except (NotFound, VersionConflict):
+            COVERED["control refused"] += 1  # rolled back: nothing changed
+        self._wake(wake)
+
+    @rule(i=st.integers(0, 50), verdict=st.sampled_from(["approve", "approve", "deny"]), wake=st.booleans(),
+          again=st.integers(0, 3))
+    def decide_approval(self, i: int, verdict: str, wake: bool, again: int) -> None:
+        """Approve or deny a pending approval; one time in four a decision on one no longer pending (a second
+        decision, or one withdrawn by a control), which is a 409 and changes nothing."""
+        self._step_start()
+        if not self.approval_states:
+            return  # (no precondition: a rule no history can take makes hypothesis discard the history)
+        pending = sorted(a for a, state in self.approval_states.items() if state == "pending")
+        ids = pending if pending and again else sorted(self.approval_states)
+        aid = ids[i % len(ids)]
+        state = self.rows("SELECT state FROM approvals WHERE approval_id = ?", (aid,))[0]["state"]
+        try:
+            self.tx(lambda tx: c.decide_approval(tx, aid, verdict))
+        except VersionConflict:
+            assert state != "pending"
+            COVERED["decision repeated"] += 1
+            return
+        assert state == "pending"
+        (self.approved if verdict == "approve" else self.denied).add(aid)
+        COVERED["approved" if verdict == "approve" else "denied"] += 1
+        self._wake(wake)
+
+    # ------------------------------------------------------------------ the server
+    @rule(event=st.sampled_from(["admit", "admit", "recover", "recover", "recovery.after_claim",
+                                 "recovery.after_decision", "server crash", "machine restart"]))
+    def server(self, event: str) -> None:
+        """The cheap admission pass (after a message or control), a full Coordinator pass (start, tick, a
+        worker's exit, ``jupyter goals recover``) that may die at a recovery point, or kill -9 of the
+        server (its workers die with it) or of the machine (a new boot id); a new server recovers."""
+        self._step_start()
+        COVERED[event] += 1
+        if event == "admit":
+            self.loop.run_until_complete(self.coordinator.admit())
+            return
+        if event in ("server crash", "machine restart"):
+            self._server_dies(reboot=event == "machine restart")
+            return
+        _coordinator_crash["at"] = None if event == "recover" else event
+        try:
+            self.loop.run_until_complete(self.coordinator.recover())
+            self.full_pass = True
+        except Crash:
+            self._server_dies(reboot=False)
+        finally:
+            _coordinator_crash["at"] = None
+
+    # ------------------------------------------------------------------ workers
+    def _claim(self) -> bool:
+        """The worker claims the oldest admitted attempt and runs it to its first interruption point."""
+        if self.worker is None:
+            proc = SLEEPERS.take()
+            host, boot, pid, start = identity(proc)
+            wid = c.new_id("wkr")
+            gen = self.tx(lambda tx: c.register_worker(tx, wid, host, boot, pid, start, 60.0))
+            self.worker = (wid, gen, proc)
+            self.histories = HistoryCache()
+        wid, gen, _ = self.worker
+        attempt = self.tx(lambda tx: c.claim_attempt(tx, wid, gen))
+        if attempt is None:
+            return False
+        COVERED["claim"] += 1
+        runner = TurnRunner(self.wdb, attempt, state_dir=self.state, registry=self.env.registry,
+                            default_model=self.env.model, cwd=str(self.env.root), retry_base_s=0.01,
+                            redactor=REDACTOR, histories=self.histories)
+        t = AttemptThread(runner, attempt, wid)
+        self.threads.append(t)
+        t.start()
+        assert t.error is None, t.error
+        return True
+
+    def _work(self, i: int, hops: int) -> None:
+        """The worker claims an admitted attempt, or one of its attempts goes on through ``hops``
+        interruption points (or to its end)."""
+        self._step_start()
+        live = self.live_threads()
+        if (not live or i % 3 == 0) and self._claim():
+            hops -= 1
+            live = self.live_threads()
+        if not live:
+            return
+        t = live[i % len(live)]
+        for _ in range(hops):
+            t.advance()
+            assert t.error is None, t.error
+            if t.done:
+                COVERED["attempt ended"] += 1
+                break
+
+    @rule(i=st.integers(0, 11), hops=st.integers(1, 10))
+    def work(self, i: int, hops: int) -> None:
+        self._work(i, hops)
+
+    # two more copies: the worker acts about as often as people and the server together
+    @rule(i=st.integers(0, 11), hops=st.integers(1, 10))
+    def work_more(self, i: int, hops: int) -> None:
+        self._work(i, hops)
+
+    @rule(i=st.integers(0, 11), hops=st.integers(1, 10))
+    def work_again(self, i: int, hops: int) -> None:
+        self._work(i, hops)
+
+    @precondition(lambda self: self.live_threads())
+    @rule()
+    def worker_crash(self) -> None:
+        """kill -9 of the worker process: each of its attempts stops at the point it had reached."""
+        self._step_start()
+        for t in self.live_threads():
+            COVERED[f"crash at {t.point}"] += 1
+        self._worker_dies()
+
+    # ------------------------------------------------------------------ invariants
+    def snapshot(self) -> Snapshot:
+        """The durable state the invariants read: a handful of whole-table reads (the tables are small)."""
+
+        def read(tx: Tx) -> Snapshot:
+            return Snapshot(
+                event_seq=int(tx.scalar("SELECT COALESCE(MAX(seq), 0) AS n FROM events") or 0),
+                work={w["work_id"]: w for w in tx.all("SELECT * FROM work_items ORDER BY created_at")},
+                attempts=tx.all("SELECT attempt_id, work_id, session_id, state, control_version, worker_id"
+                                " FROM attempts"),
+                effects={e["effect_id"]: e for e in tx.all(
+                    "SELECT effect_id, call_id, work_id, session_id, seq, attempt_id, state, dispatched_at FROM effects")},
+                approvals=tx.all("SELECT approval_id, call_id, state, consumed_by_attempt FROM approvals"),
+                lost_messages=tx.all("SELECT m.message_id, w.phase FROM messages m JOIN work_items w ON"
+                                     " w.work_id = m.work_id WHERE m.consumed = 0 AND w.phase = 'done'"),
+                requests=Counter({r["work_id"]: r["n"] for r in tx.all(
+                    "SELECT work_id, COUNT(*) AS n FROM requests GROUP BY work_id")}),
+            )
+
+        snap: Snapshot = self.db.transact(read, write=False)
+        snap.log_size, snap.runs = self.runs()
+        return snap
+
+    def runs(self) -> tuple[int, Counter[str]]:
+        """The test tool's executions counted on disk (effects.log), and the file's size."""
+        try:
+            size = os.stat(self.env.log).st_size
+        except FileNotFoundError:
+            return 0, Counter()
+        if size == self.last.log_size:
+            return size, self.last.runs
+        with open(self.env.log, encoding="utf-8") as f:
+            return size, Counter(f.read().split())
+
+    @invariant()
+    def check_invariants_after_each_step(self) -> None:
+        before = self.last
+        if not self.full_pass:
+            seq = self.db.transact(lambda tx: tx.scalar("SELECT COALESCE(MAX(seq), 0) AS n FROM events"), write=False)
+            if seq == before.event_seq and self.runs()[0] == before.log_size:
+                return  # nothing was committed and nothing ran: the state the last check passed is unchanged
+        now = self.snapshot()
+        self.at_most_one_owner(now)
+        self.no_effect_executed_twice_and_no_unknown_rerun(now)
+        self.approvals_consumed_once_and_only_when_approved(now)
+        self.held_work_is_never_admitted_and_starts_nothing(before, now)
+        assert not now.lost_messages, f"accepted messages lost: {now.lost_messages}"
+        self.run_work_is_admitted_or_waiting_with_a_reason(now)
+        self.last = now
+
+    def at_most_one_owner(self, now: Snapshot) -> None:
+        live = [a for a in now.attempts if a["state"] in ("admitted", "running")]
+        per_work = Counter(a["work_id"] for a in live)
+        assert all(n == 1 for n in per_work.values()), f"two live attempts of one work item: {live}"
+        per_session = Counter(a["session_id"] for a in live)
+        assert all(n == 1 for n in per_session.values()), f"two live attempts in one session: {live}"
+        assert len(live) <= MAX_CONCURRENT, live
+        # a thread still running an attempt is its one owner: its row is running, under its own worker
+        rows = {a["attempt_id"]: a for a in now.attempts}
+        for t in self.live_threads():
+            row = rows[t.attempt["attempt_id"]]
+            assert row["worker_id"] == t.worker and row["state"] in ("running", "ended"), row
+
+    def no_effect_executed_twice_and_no_unknown_rerun(self, now: Snapshot) -> None:
+        assert all(n == 1 for n in now.runs.values()), f"an effect executed twice: {now.runs}"
+        assert all(now.effects[e]["dispatched_at"] is not None for e in now.runs), "executed without dispatched"
+        for eid, e in now.effects.items():
+            if e["state"] in ("unknown", "reconciled") and eid not in self.unknown_runs:
+                COVERED["unknown outcome"] += 1
+                self.unknown_runs[eid] = now.runs[eid]
+        for eid, n in self.unknown_runs.items():
+            assert now.effects[eid]["state"] in ("unknown", "reconciled"), (eid, now.effects[eid])
+            assert now.runs[eid] == n, f"the effect {eid} of unknown outcome was executed again"
+
+    def approvals_consumed_once_and_only_when_approved(self, now: Snapshot) -> None:
+        allowed = {"pending": {"pending", "approved", "denied", "invalidated"},
+                   "approved": {"approved", "consumed", "invalidated"}}
+        for a in now.approvals:
+            before = self.approval_states.get(a["approval_id"])
+            if before is not None:
+                assert a["state"] in allowed.get(before, {before}), (before, a)
+            elif a["state"] == "pending":
+                COVERED["approval asked"] += 1
+            if a["state"] == "consumed" and before != "consumed":
+                COVERED["approval consumed"] += 1
+            self.approval_states[a["approval_id"]] = a["state"]
+            if a["state"] in ("approved", "consumed"):
+                assert a["approval_id"] in self.approved, f"approval {a['approval_id']} approved by no one"
+        consumed = [a for a in now.approvals if a["state"] == "consumed"]
+        assert len({a["call_id"] for a in consumed}) == len(consumed), f"two approvals used by one call: {consumed}"
+        by_call = {a["call_id"]: a for a in consumed}
+        unknown_seqs: dict[str, list[int]] = {}
+        for e in now.effects.values():
+            if e["state"] in ("unknown", "reconciled"):
+                unknown_seqs.setdefault(e["work_id"], []).append(int(e["seq"]))
+        for e in now.effects.values():
+            if e["dispatched_at"] is None:
+                continue
+            # ask mode, or any call after an unknown outcome of its work item: one approval, used by this dispatch
+            if e["session_id"] in self.ask or any(s < int(e["seq"]) for s in unknown_seqs.get(e["work_id"], [])):
+                a = by_call.get(e["call_id"])
+                assert a is not None, f"call {e['call_id']} dispatched without an approval"
+                assert a["consumed_by_attempt"] == e["attempt_id"], (a, e)
+        denied = {a["call_id"] for a in now.approvals if a["approval_id"] in self.denied}
+        ran = {e["call_id"] for e in now.effects.values() if e["dispatched_at"] is not None}
+        assert not denied & ran - set(by_call), "a denied call ran"
+
+    def held_work_is_never_admitted_and_starts_nothing(self, before: Snapshot, now: Snapshot) -> None:
+        for a in now.attempts:
+            w = now.work[a["work_id"]]
+            if a["state"] == "admitted":
+                assert w["desired_state"] == "run", f"{w['desired_state']} work has an admitted attempt: {a}"
+            if a["attempt_id"] not in self.attempts_seen:  # admitted during this step (after any control of it)
+                self.attempts_seen.add(a["attempt_id"])
+                assert w["desired_state"] == "run", f"admitted while {w['desired_state']}: {a}"
+                assert a["control_version"] == w["control_version"], f"admitted under an old control version: {a}"
+        dispatched = Counter(e["work_id"] for e in now.effects.values() if e["dispatched_at"] is not None)
+        dispatched_before = Counter(e["work_id"] for e in before.effects.values() if e["dispatched_at"] is not None)
+        for wid, w in now.work.items():
+            was = before.work.get(wid)
+            if was is None or was["desired_state"] == "run" or w["desired_state"] == "run":
+                continue
+            assert now.requests[wid] == before.requests[wid], f"{wid} held, yet a model request started"
+            assert dispatched[wid] == dispatched_before[wid], f"{wid} held, yet a tool call started"
+
+    def run_work_is_admitted_or_waiting_with_a_reason(self, now: Snapshot) -> None:
+        live = {a["work_id"]: a for a in now.attempts if a["state"] in ("admitted", "running")}
+        work = [w for w in now.work.values() if w["desired_state"] == "run" and w["phase"] not in ("done", "cancelled")]
+        for w in work:
+            assert w["reason_code"], w
+            assert w["phase"] in ("queued", "working", "waiting", "recovering", "failed"), w
+            if w["phase"] == "waiting":
+                assert w["reason_code"] in WAIT_REASONS, w
+        if not self.full_pass:
+            return
+        busy_sessions = {a["session_id"] for a in live.values()}
+        quota_full = len(live) >= MAX_CONCURRENT
+        for w in work:
+            if w["work_id"] in live or w["phase"] in ("waiting", "failed"):
+                continue
+            # held back by the quota or by its session's running item: queued (or still recovering)
+            assert w["phase"] in ("queued", "recovering"), f"after a full pass: {w['phase']} {w['reason_code']}"
+            older = [o for o in work if o["session_id"] == w["session_id"] and o["created_at"] < w["created_at"]]
+            assert quota_full or w["session_id"] in busy_sessions or older, (
+                f"runnable work left unadmitted after a full pass: {w['work_id']} {w['reason_code']}")
+
+
+@dataclass
+class Snapshot:
+    event_seq: int = 0
+    work: dict[str, Row] = field(default_factory=dict)
+    attempts: list[Row] = field(default_factory=list)
+    effects: dict[str, Row] = field(default_factory=dict)
+    approvals: list[Row] = field(default_factory=list)
+    lost_messages: list[Row] = field(default_factory=list)
+    requests: Counter[str] = field(default_factory=Counter)
+    runs: Counter[str] = field(default_factory=Counter)
+    log_size: int = 0
+
+
+WAIT_REASONS = {str(r) for r in ReasonCode}
+
+
+@pytest.fixture
+def model_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+    global ENV
+    base = Path(tempfile.mkdtemp(prefix="jg-model-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    monkeypatch.setattr(turn_module, "crash_point", interruption_point)
+    monkeypatch.setattr(coordinator_module, "crash_point", interruption_point)
+    ENV = Env(base)
+    try:
+        yield ENV
+    finally:
+        ENV = None
+        SLEEPERS.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.slow  # 2,000 histories, about a minute of CPU: in CI, skipped by `-m "not slow"` locally
+def test_coordinator_model_over_random_histories(model_env: Env) -> None:
+    run_state_machine_as_test(
+        CoordinatorModel,
+        settings=settings(max_examples=HISTORIES, stateful_step_count=STEPS, deadline=None, database=None,
+                          suppress_health_check=list(HealthCheck)),
+    )
+    assert model_env.count >= HISTORIES
+    # what the histories did (shown with -s); the model is not vacuous: each kind of event happened
+    print(f"\n{model_env.count} histories:", dict(sorted(COVERED.items())))
+    if HISTORIES >= 2000:
+        for seen in ("unknown outcome", "approval consumed", "denied", "decision repeated", "message repeated",
+                     "machine restart", "recovery.after_claim", "recovery.after_decision", "control pause",
+                     "control stop", "crash at provider.before_request"):
+            assert COVERED[seen], f"no history had {seen!r}: {COVERED}"
+        assert sum(n for k, n in COVERED.items() if k.startswith("crash at tool.")), COVERED
+
+
+# --------------------------------------------------------------------------- the histories that found bugs
+
+
+@pytest.fixture
+def machine(model_env: Env) -> Iterator[CoordinatorModel]:
+    m = CoordinatorModel()
+    try:
+        yield m
+    finally:
+        m.teardown()
+
+
+def until(m: CoordinatorModel, point: str) -> AttemptThread:
+    """Claim the admitted attempt and run it to ``point`` (the invariants checked at each point)."""
+    m._step_start()
+    assert m._claim()
+    m.check_invariants_after_each_step()
+    t = m.live_threads()[-1]
+    while t.point != point:
+        go(m, t)
+        assert not t.done, f"the attempt ended before {point}"
+    return t
+
+
+def go(m: CoordinatorModel, t: AttemptThread) -> None:
+    m._step_start()
+    t.advance()
+    m.check_invariants_after_each_step()
+
+
+def test_a_pause_committed_after_a_call_was_chosen_starts_no_tool(machine: CoordinatorModel) -> None:
+    """Found by the model: the dispatch commit did not re-read the control, so a call chosen before a
+    Pause (or Stop) committed by another process still started after it."""
+    machine.some_work([(1, "write")], True)
+    machine.check_invariants_after_each_step()
+    t = until(machine, "tool.before_dispatch")
+    machine.control(1, "pause", 1, False)
+    machine.check_invariants_after_each_step()
+    go(machine, t)
+    assert t.done and not machine.env.log.exists()
+    work = machine.rows("SELECT desired_state, phase FROM work_items")[0]
+    assert (work["desired_state"], work["phase"]) == ("paused", "paused")
+    assert [e["state"] for e in machine.rows("SELECT state FROM effects")] == ["planned"]
+
+
+def test_work_resumed_while_its_paused_step_still_runs_is_not_shown_paused(machine: CoordinatorModel) -> None:
+    """Found by the model: Resume during the paused item's last step left phase ``paused`` with intent ``run``."""
+    machine.some_work([(0, "chat")], True)
+    machine.check_invariants_after_each_step()
+    until(machine, "provider.before_request")
+    machine.control(0, "pause", 1, False)
+    machine.check_invariants_after_each_step()
+    machine.control(0, "resume", 1, False)
+    work = machine.rows("SELECT desired_state, phase, reason_code FROM work_items")[0]
+    assert (work["desired_state"], work["phase"], work["reason_code"]) == ("run", "working", "working")
+    machine.check_invariants_after_each_step()
+
+
+def test_a_session_runs_one_item_at_a_time_while_a_paused_or_stopped_step_ends(machine: CoordinatorModel) -> None:
+    """Found by the model: a session's next item was admitted while the attempt of a paused (or stopped)
+    item still ran, or before a resumed item that came earlier in the pass."""
+    machine.some_work([(0, "chat"), (0, "chat")], True)
+    machine.check_invariants_after_each_step()
+    t = until(machine, "provider.before_request")
+    machine.control(0, "pause", 1, True)  # the first item's step still runs: the second waits its turn
+    assert len(machine.rows("SELECT work_id FROM attempts WHERE state IN ('admitted', 'running')")) == 1
+    machine.check_invariants_after_each_step()
+    while not t.done:  # the step ends: the attempt yields to the pause
+        go(machine, t)
+    machine.server("admit")  # now the second item goes
+    machine.check_invariants_after_each_step()
+    machine.control(0, "resume", 1, True)  # the first item again: not beside the second one's attempt
+    assert len(machine.rows("SELECT work_id FROM attempts WHERE state IN ('admitted', 'running')")) == 1
+    machine.check_invariants_after_each_step()
+    until(machine, "provider.before_request")
+    machine.control(0, "stop", 1, True)  # End: its step is being stopped; a new message waits for that
+    machine.check_invariants_after_each_step()
+    machine.send_message(0, "chat", False, 1, True)
+    assert len(machine.rows("SELECT work_id FROM attempts WHERE state IN ('admitted', 'running')")) == 1
+    machine.check_invariants_after_each_step()

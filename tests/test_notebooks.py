@@ -1,0 +1,150 @@
+"""Every example notebook in notebooks/ runs top to bottom in a real ipykernel (nbclient) against a real
+``jupyter server`` with the bundled demo model, offline; the outputs show the states reached and the
+ids the MIME bundles carry. Notebook 02 is run while the test kills the server with SIGKILL during its
+slow command and starts it again: the command still runs exactly once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+from jupyter_goals.notebook import cards
+from jupyter_goals.server.app import demo_model
+from tests.kernels import bundles, cell_outputs, run_notebook, scripted_server, text
+from tests.openai_server import OpenAITestServer, Plan, openai_usage
+from tests.servers import ServerProcess, db_rows, wait_for
+
+pytestmark = pytest.mark.slow  # real server, real kernels
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with scripted_server(tmp_path_factory.mktemp("notebooks"), [], model=demo_model()) as s:
+        yield s
+
+
+def run(server: ServerProcess, name: str, **env: str) -> tuple[nbformat.NotebookNode, Path]:
+    workdir = server.root_dir / Path(name).stem  # each notebook in its own folder, as a person would keep it
+    workdir.mkdir()
+    return run_notebook(NOTEBOOKS / name, server, workdir, **env), workdir
+
+
+def ids(outputs: list[dict[str, Any]], mime: str) -> list[dict[str, str]]:
+    return [b[mime] for b in bundles(outputs, mime)]
+
+
+def test_the_examples_are_the_six_notebooks_run_here() -> None:
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == [
+        "01_first_chat_and_goal.ipynb", "02_approvals_and_restart.ipynb", "03_background_job.ipynb",
+        "04_usage_and_budget.ipynb", "05_workflow_api.ipynb", "06_real_model.ipynb"]
+
+
+def test_01_first_chat_and_goal(server: ServerProcess) -> None:
+    nb, workdir = run(server, "01_first_chat_and_goal.ipynb")
+    [chat] = bundles(cell_outputs(nb, "chat"), cards.CHAT_MIME)
+    assert "offline demo model" in chat["text/html"]
+    assert set(chat) == {cards.CHAT_MIME, "text/html", "text/plain"}  # ids plus the fallback snapshot
+    [goal_bundle] = bundles(cell_outputs(nb, "goal"), cards.GOAL_MIME)
+    assert set(goal_bundle) == {cards.GOAL_MIME, "text/html", "text/plain"}  # ids plus the fallback snapshot
+    goal_ids = goal_bundle[cards.GOAL_MIME]
+    assert set(goal_ids) == {"goal_id", "session_id"}
+    assert ids(cell_outputs(nb, "wait"), cards.GOAL_MIME) == [goal_ids]
+    assert "state achieved" in text(cell_outputs(nb, "wait"))
+    assert server.client().goal(goal_ids["goal_id"])["state"] == "achieved"
+    assert (workdir / "hello.txt").read_text() == "hello\n"
+    [record] = ids(cell_outputs(nb, "history"), cards.HISTORY_MIME)
+    assert record["session_id"] == goal_ids["session_id"]
+    # the notebook's path is bound to the session the Goal ran in (--bypass rebinds it)
+    bound = server.client().notebook_session("01_first_chat_and_goal/01_first_chat_and_goal.ipynb")
+    assert bound["session_id"] == goal_ids["session_id"]
+
+
+def test_02_approvals_and_a_server_killed_during_the_slow_command(server: ServerProcess) -> None:
+    result: dict[str, Any] = {}
+
+    def execute() -> None:
+        try:
+            result["nb"], result["dir"] = run(server, "02_approvals_and_restart.ipynb")
+        except BaseException as exc:  # reported below
+            result["error"] = exc
+
+    runner = threading.Thread(target=execute)
+    runner.start()
+
+    def slow_command_running() -> bool:
+        rows = db_rows(server.state_dir, "SELECT effect_id FROM effects WHERE state = 'dispatched'"
+                                         " AND arguments LIKE '%sleep 10%'")
+        # its stdout file exists once the command itself started (before that, a crash leaves it unknown)
+        return any((server.state_dir / "effects" / r["effect_id"] / "stdout").exists() for r in rows)
+
+    wait_for(lambda: slow_command_running() or not runner.is_alive(), timeout=240, what="the slow command running")
+    assert "error" not in result, result.get("error")
+    server.kill()  # SIGKILL of the server and its workers while the command runs
+    server.start(same_port=True)  # the kernel keeps waiting on the same address
+    runner.join(400)
+    assert not runner.is_alive() and "error" not in result, result.get("error")
+
+    nb, workdir = result["nb"], result["dir"]
+    [goal_ids] = ids(cell_outputs(nb, "goal"), cards.GOAL_MIME)
+    [approval_bundle] = bundles(cell_outputs(nb, "wait"), cards.APPROVAL_MIME)  # the Goal stopped at an approval
+    assert set(approval_bundle) == {cards.APPROVAL_MIME, "text/html", "text/plain"}
+    approval = approval_bundle[cards.APPROVAL_MIME]
+    assert set(approval) == {"approval_id", "session_id"} and approval["session_id"] == goal_ids["session_id"]
+    assert "Goal achieved" in text(cell_outputs(nb, "approve"))
+    assert (workdir / "hello.txt").read_text() == "hello\n"
+    assert "slow command finished" in text(cell_outputs(nb, "after"))
+    assert (workdir / "slow-demo.log").read_text().count("\n") == 1  # ran exactly once across the crash
+
+
+def test_03_background_job(server: ServerProcess) -> None:
+    nb, _ = run(server, "03_background_job.ipynb")
+    out = text(cell_outputs(nb, "result"))
+    assert out.splitlines()[0] == "done"
+    assert "Those are the files" in out
+
+
+def test_04_usage_and_a_hard_budget(server: ServerProcess) -> None:
+    nb, _ = run(server, "04_usage_and_budget.ipynb")
+    usage = text(cell_outputs(nb, "usage"))
+    assert "Known $0.00" in usage and "'input'" in usage
+    budget = text(cell_outputs(nb, "budget"))
+    assert budget.startswith("budget_exhausted")
+
+
+def test_05_workflow_api_sync_and_async(server: ServerProcess) -> None:
+    nb, _ = run(server, "05_workflow_api.ipynb")
+    assert "Those are the files" in text(cell_outputs(nb, "sync"))
+    answers = text(cell_outputs(nb, "async"))
+    assert answers.count("offline demo model") == 2
+
+
+def test_06_real_model_is_skipped_without_a_key(server: ServerProcess) -> None:
+    nb, _ = run(server, "06_real_model.ipynb", OPENAI_API_KEY="")
+    assert text(cell_outputs(nb, "check")).startswith("Skipped: OPENAI_API_KEY is not set")
+    assert cell_outputs(nb, "chat") == []
+
+
+def test_06_real_model_talks_to_an_openai_compatible_server(tmp_path: Path) -> None:
+    """With a key, notebook 06 chats through the OpenAI-compatible provider (here a local scripted one)."""
+    with OpenAITestServer(Plan(text_chunks=["Hello ", "in five words, friend."], usage_chunks=[openai_usage(12, 6)])) as fake:
+        env = {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": fake.base_url, "OPENAI_MODEL": "test-model"}
+        s = ServerProcess(tmp_path / "state", tmp_path / "root", model=demo_model(), env=env)
+        (tmp_path / "root").mkdir()
+        try:
+            s.start()
+            workdir = s.root_dir / "06"
+            workdir.mkdir()
+            nb = run_notebook(NOTEBOOKS / "06_real_model.ipynb", s, workdir, **env)
+        finally:
+            s.kill()
+        assert text(cell_outputs(nb, "check")) == ""
+        answer = text(cell_outputs(nb, "chat"))
+        assert answer.startswith("Hello in five words, friend.") and "Known" in answer
+        assert fake.requests and fake.requests[0].body["model"] == "test-model"

@@ -1,0 +1,156 @@
+"""Event-driven wake-ups (issue 13 item 5), in-process on real SQLite files and real sockets: a pass
+that finds nothing to change reads only (no write lock, no commit); a notification reaches a listener
+of another ``Notifier`` at once; an idle worker opens no write transaction over many safety ticks,
+and a notification after an admission makes it claim with a safety tick far longer than the test."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from jupyter_goals.identity import host_name
+from jupyter_goals.recovery.coordinator import Coordinator
+from jupyter_goals.runtime.tools import ToolRegistry
+from jupyter_goals.store import control as c
+from jupyter_goals.store.db import Database, Tx
+from jupyter_goals.store.notify import ADMISSION, ATTEMPTS, Listener, Notifier
+from jupyter_goals.store.schema import migrate
+from jupyter_goals.worker import Worker
+
+
+def control_db(tmp_path: Path) -> tuple[Database, str]:
+    url = f"sqlite:///{tmp_path / 'control.db'}"
+    db = Database(url)
+    migrate(db, "control")
+    return db, url
+
+
+def data_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+async def test_a_pass_with_nothing_to_change_takes_no_write_lock_and_commits_nothing(tmp_path: Path) -> None:
+    db, _ = control_db(tmp_path)
+    session = db.transact(lambda tx: c.create_session(tx, "t", str(tmp_path), "scripted:x", {"mode": "ask"}))
+    watcher = sqlite3.connect(tmp_path / "control.db")
+    holder = sqlite3.connect(tmp_path / "control.db", isolation_level=None)
+    before = data_version(watcher)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock for the whole pass
+    try:
+        # the Coordinator's admission pass over a database with nothing unfinished: reads only
+        report = await asyncio.wait_for(
+            Coordinator(db, state_dir=tmp_path, default_model="scripted:x", registry=ToolRegistry()).admit(), 5)
+        assert report.admitted == [] and report.decisions == {}
+        assert db.transact_write_if_needed(lambda tx: c.get_session(tx, session["session_id"]))["title"] == "t"
+    finally:
+        holder.execute("ROLLBACK")
+    assert data_version(watcher) == before
+
+    # a function that writes runs again in a write transaction, and commits
+    def rename(tx: Tx) -> int:
+        assert c.get_session(tx, session["session_id"]) is not None
+        return tx.execute("UPDATE sessions SET title = 'renamed' WHERE session_id = ?", (session["session_id"],))
+
+    assert await db.run_write_if_needed(rename) == 1
+    assert data_version(watcher) != before
+    assert watcher.execute("SELECT title FROM sessions").fetchone()[0] == "renamed"
+    watcher.close()
+    holder.close()
+    db.close()
+
+
+async def test_a_notification_wakes_the_listeners_of_its_channel_only(tmp_path: Path) -> None:
+    # a state dir longer than a UNIX socket path may be (108 bytes) is reached through /proc/self/fd
+    state = tmp_path / ("d" * 60) / ("e" * 60)
+    state.mkdir(parents=True)
+    admission, worker = Listener(state, ADMISSION, "server-1"), Listener(state, ATTEMPTS, "w_1")
+    admission.start()
+    worker.start()
+    assert sorted(p.name for p in (state / "wake").iterdir()) == ["admission.server-1", "attempts.w_1"]
+    # a socket left behind by a killed process is removed by the next sender
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dead.bind(str(tmp_path / "dead"))
+    (tmp_path / "dead").rename(state / "wake" / "attempts.w_dead")
+    dead.close()
+    notifier = Notifier(state)
+    assert notifier.notify(ATTEMPTS) == 1
+    assert not (state / "wake" / "attempts.w_dead").exists()
+    assert await worker.wait(10) is True
+    assert await admission.wait(0) is False  # the other channel was not woken
+    assert await worker.wait(0) is False  # a wake-up is consumed once
+    assert notifier.notify(ADMISSION, exclude="admission.server-1") == 0
+    for _ in range(3):  # repeated wake-ups before the listener runs are one wake-up
+        notifier.notify(ADMISSION)
+    assert await admission.wait(10) is True
+    assert await admission.wait(0) is False
+    admission.close()
+    worker.close()
+    notifier.close()
+    assert list((state / "wake").iterdir()) == []
+
+
+async def test_an_idle_worker_writes_nothing_and_claims_at_once_when_woken(tmp_path: Path) -> None:
+    db, url = control_db(tmp_path)
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"rules": [], "default": {"text": "hello"}}))
+    model = f"scripted:{script}"
+    # a safety tick far longer than this test: only the wake-up can make it claim in time
+    worker = Worker("w_test", url, tmp_path, capacity=2, heartbeat_s=3600, lease_ttl_s=7200, default_model=model,
+                    safety_tick_s=3600)
+    statements: list[str] = []
+    worker.db._ensure().set_trace_callback(statements.append)
+    run = asyncio.create_task(worker.run())
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "wake" / "attempts.w_test").exists():  # registered and listening
+            assert time.monotonic() < deadline and not run.done()
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        # idle, woken three times with nothing admitted: each look is a read transaction
+        notifier = Notifier(tmp_path)
+        statements.clear()
+        for _ in range(3):
+            assert notifier.notify(ATTEMPTS) == 1
+            await asyncio.sleep(0.05)
+        assert statements.count("BEGIN") >= 1
+        assert "BEGIN IMMEDIATE" not in statements
+
+        # admitted work, then the admission's wake-up: the worker claims and runs the turn
+        session = db.transact(lambda tx: c.create_session(tx, "t", str(tmp_path), model, {"mode": "ask"}))
+        msg, _ = db.transact(lambda tx: c.accept_message(tx, c.get_session(tx, session["session_id"]), "hi", "r1",
+                                                         "queue", auto_recover=True, host=host_name()))
+        coordinator = Coordinator(db, state_dir=tmp_path, default_model=model, registry=ToolRegistry())
+        assert (await coordinator.admit()).admitted == [msg["work_id"]]
+        notifier.notify(ATTEMPTS)
+        admission = Listener(tmp_path, ADMISSION, "test")
+        admission.start()
+        deadline = time.monotonic() + 20
+        while db.transact(lambda tx: c.get_work(tx, msg["work_id"]), write=False)["phase"] != "done":
+            assert time.monotonic() < deadline, "the turn did not run after the wake-up"
+            await asyncio.sleep(0.02)
+        attempt = db.transact(lambda tx: tx.one("SELECT worker_id, state FROM attempts"), write=False)
+        assert attempt == {"worker_id": "w_test", "state": "ended"}
+        assert await admission.wait(10) is True  # the attempt's end woke the admission loop
+        admission.close()
+        notifier.close()
+    finally:
+        worker.stop()
+        await asyncio.wait_for(run, 20)
+        db.close()
+
+
+@pytest.mark.parametrize("channel", [ADMISSION, ATTEMPTS])
+async def test_a_listener_without_its_socket_still_wakes_on_its_tick(tmp_path: Path, channel: str) -> None:
+    (tmp_path / "wake").write_text("not a directory")  # the socket cannot be bound
+    listener = Listener(tmp_path, channel, "x")
+    listener.start()
+    assert await listener.wait(0.01) is False
+    listener.wake()
+    assert await listener.wait(10) is True
+    listener.close()
