@@ -41,6 +41,18 @@ def is_credential_name(name: str) -> bool:
     return any(fnmatch.fnmatchcase(upper, pattern) for pattern in CREDENTIAL_PATTERNS)
 
 
+def allow_entry_problem(entry: str) -> str | None:
+    """Why ``entry`` of an allow-list cannot be an environment variable name or glob, or None. Glob
+    characters (``*?[]``) are fine; quotes, commas, whitespace and ``=`` mean a mistyped list (say a
+    whole JSON list given as one command-line value)."""
+    if not entry:
+        return "it is empty"
+    bad = sorted({ch for ch in entry if ch in "'\",=\0" or ch.isspace()})
+    if bad:
+        return "it contains " + " ".join(repr(ch) for ch in bad)
+    return None
+
+
 def tool_environment(source: Mapping[str, str], allow: Iterable[str], cwd: str) -> dict[str, str]:
     """The environment of one tool process: ``BASE_ALLOW`` plus ``allow`` (exact names or globs), from
     ``source``. Globs never match a secret-looking name; an exact name always passes."""

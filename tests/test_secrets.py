@@ -7,16 +7,24 @@ tool process holding the server's token still cannot decide approvals or change 
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from traitlets import TraitError
+from traitlets.config import Config
 
 from jupyter_goals.secrecy import Redactor, is_secret_name, tool_environment
+from jupyter_goals.server.app import GoalsApp
 from tests.inproc import Rig
-from tests.servers import db_rows, server_env, wait_for
+from tests.servers import ServerProcess, db_rows, server_env, wait_for
 
 TOKEN_NAME = "JUPYTER_GOALS_TOKEN"
 
@@ -51,6 +59,25 @@ def test_redaction_replaces_every_credential_value_and_names_it() -> None:
                         "[redacted: JUPYTER_GOALS_TOKEN] path /usr/bin:/bin x")
     assert out.names == ("JUPYTER_GOALS_TOKEN", "OPENAI_API_KEY")
     assert red.redact("nothing here").names == ()
+
+
+def test_tool_env_allow_refuses_an_entry_that_cannot_be_a_variable_name_or_glob() -> None:
+    """A whole list given as one command-line value (traitlets keeps it as one string) or an entry with
+    quotes, commas, whitespace or ``=`` is a TraitError naming the entry; names and globs pass."""
+    good = ["MY_SETTING", "PROJ_*", "X[AB]_?", "DEPLOY_TOKEN", "lower_case"]
+    assert GoalsApp(tool_env_allow=good).tool_env_allow == good
+    for bad in ['["MY_SETTING", "PROJ_*"]', "", "MY SETTING", "A=1", "'PROJ_*'", "A,B", "TAB\tX"]:
+        with pytest.raises(TraitError, match=re.escape(repr(bad)) + ".*not an environment variable name or glob"):
+            GoalsApp(tool_env_allow=["OK", bad])
+    # as configuration reaches it (a config file; jupyter server's command line, which keeps the
+    # README's old one-value list form as one string: test_a_mistyped_tool_env_allow_… shows it)
+    cfg = Config()
+    cfg.GoalsApp.tool_env_allow = ["OK", '["MY_SETTING", "PROJ_*"]']
+    with pytest.raises(TraitError, match=re.escape(repr('["MY_SETTING", "PROJ_*"]'))):
+        GoalsApp(config=cfg)
+    app = GoalsApp()
+    app.parse_command_line(["--GoalsApp.tool_env_allow=MY_SETTING", "--GoalsApp.tool_env_allow=PROJ_*"])
+    assert app.tool_env_allow == ["MY_SETTING", "PROJ_*"]
 
 
 # --------------------------------------------------------------------------- in a real tool process
@@ -200,3 +227,177 @@ for method, path, body in [
         wait_for(lambda: (env["root"] / "out.txt").exists(), timeout=30, what="the approved write")
         assert (env["root"] / "out.txt").read_text() == "pwned\n"
         assert cl.wait(victim, timeout=30)["work"]["phase"] == "done"
+
+
+@pytest.mark.slow
+def test_a_mistyped_tool_env_allow_stops_the_extension_and_the_log_names_the_entry(tmp_path: Path) -> None:
+    """The README's old form, a whole list as one ``jupyter server`` flag, reaches GoalsApp as one string:
+    the log names the entry and the extension does not run (traitlets rolls back every GoalsApp setting,
+    so running would mean running on defaults: another state dir, model, worker count)."""
+    with server_env(tmp_path, []) as env:
+        server: ServerProcess = env["make"](extra=['--GoalsApp.tool_env_allow=["MY_SETTING", "PROJ_*"]',
+                                                  "--GoalsApp.workers=2"]).start(wait=False)
+        headers = {"Authorization": f"token {server.token}"}
+
+        def jupyter_up() -> bool:
+            try:
+                return httpx.get(f"{server.url}api/status", headers=headers, timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(jupyter_up, timeout=60, what="jupyter server up")
+        assert httpx.get(f"{server.url}api/goals/health", headers=headers, timeout=5).status_code == 404
+        log = server.log()
+        assert "jupyter_goals is not started, its configuration is invalid" in log, log
+        assert """'["MY_SETTING", "PROJ_*"]' is not an environment variable name or glob""" in log, log
+        assert "--GoalsApp.tool_env_allow=MY_SETTING --GoalsApp.tool_env_allow='PROJ_*'" in log
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    return dict(var.split("=", 1) for var in raw.split("\0") if "=" in var)
+
+
+@pytest.mark.slow
+def test_tool_env_allow_flags_of_a_real_server_reach_a_real_shell_and_no_worker_holds_the_token(
+    tmp_path: Path,
+) -> None:
+    """``jupyter server --GoalsApp.tool_env_allow=TEAM_* --GoalsApp.tool_env_allow=DEPLOY_TOKEN`` (the
+    README's form): the chat's shell tool prints ``env``; the glob's variable and the exactly named
+    secret-looking one reach it, a secret-looking name matching the glob, provider keys and the token do
+    not; the worker processes keep provider keys but never hold the token in their environment."""
+    rules = [{"when": {"purpose": "work", "last_tool_result_contains": "exit status"}, "respond": {"text": "ok"}},
+             {"when": {"purpose": "work"}, "respond": {"tool_calls": [{"name": "shell", "arguments": {"command": "env"}}]}}]
+    server_env_vars = {"TEAM_SETTING": "visible-setting", "TEAM_API_KEY": "team-api-key-value-1",
+                       "DEPLOY_TOKEN": "deploy-token-value-2", "OPENAI_API_KEY": "sk-test-openai-5f0c1d2e3a4b",
+                       "ANTHROPIC_API_KEY": "sk-ant-test-9e8d7c6b5a", "UNLISTED_SETTING": "unlisted-value"}
+    with server_env(tmp_path, rules) as env:
+        server = env["make"](extra=["--GoalsApp.tool_env_allow=TEAM_*", "--GoalsApp.tool_env_allow=DEPLOY_TOKEN"],
+                             env=server_env_vars).start()
+        cl = server.client()
+        sid = str(cl.create_session(title="env", cwd=str(env["root"]), permissions={"mode": "bypass"})["session"]["session_id"])
+        cl.send(sid, "show me the environment", client_request_id="e1")
+        snap = cl.wait(sid, timeout=60)
+        assert snap["work"]["phase"] == "done", snap["work"]
+
+        effects = db_rows(env["state"], "SELECT effect_id FROM effects ORDER BY seq")
+        assert len(effects) == 1
+        stdout = (env["state"] / "effects" / effects[0]["effect_id"] / "stdout").read_text()
+        seen = dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+        assert "JG_TOOL_EFFECT" in seen and seen["PWD"] == str(env["root"])  # the real tool's env was printed
+        assert seen["TEAM_SETTING"] == "visible-setting"  # through the glob flag
+        assert seen["DEPLOY_TOKEN"] == "deploy-token-value-2"  # secret-looking, named exactly by the flag
+        for name in ("TEAM_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "UNLISTED_SETTING", TOKEN_NAME,
+                     "JUPYTER_GOALS_SERVER_URL"):
+            assert name not in seen, name
+        for value in (server.token, server_env_vars["OPENAI_API_KEY"], server_env_vars["ANTHROPIC_API_KEY"],
+                      server_env_vars["TEAM_API_KEY"]):
+            assert value not in stdout
+        result = next(i for i in snap["transcript"]["items"] if i["kind"] == "tool_result")["content"]
+        assert "TEAM_SETTING=visible-setting" in result
+        assert "DEPLOY_TOKEN=[redacted: DEPLOY_TOKEN]" in result and "deploy-token-value-2" not in result
+
+        workers = server.workers()
+        assert workers
+        for w in workers:
+            worker_env = _environ(int(w["pid"]))
+            assert "jupyter_goals.worker" in Path(f"/proc/{w['pid']}/cmdline").read_bytes().decode()
+            assert worker_env["OPENAI_API_KEY"] == server_env_vars["OPENAI_API_KEY"]  # read at request time
+            assert TOKEN_NAME not in worker_env and "JUPYTER_TOKEN" not in worker_env
+            assert server.token not in Path(f"/proc/{w['pid']}/environ").read_bytes().decode(errors="replace")
+            assert server.token not in Path(f"/proc/{w['pid']}/cmdline").read_bytes().decode(errors="replace")
+
+
+def _ws_upgrade(port: int, path: str, token: str) -> int:
+    """The status of a websocket handshake (101: connected)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    try:
+        conn.request("GET", path, headers={
+            "Authorization": f"token {token}", "Connection": "Upgrade", "Upgrade": "websocket",
+            "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": base64.b64encode(os.urandom(16)).decode()})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_a_tool_process_holding_the_token_cannot_start_or_drive_a_jupyter_terminal_or_kernel(tmp_path: Path) -> None:
+    """The token leaked to a tool by a file (as a runtime file would leak it). From inside a shell tool call
+    of a bypass session, Jupyter's own process-starting routes are refused with 403: a new terminal,
+    kernel or notebook session, a kernel restart, and the websockets of a terminal and a kernel the
+    person opened (a command run there is a child of the server, no descendant of the tool, and could
+    approve the tool's own calls). Reading stays allowed; the same requests from outside any tool
+    process succeed."""
+    rules = [{"when": {"purpose": "work", "last_tool_result_contains": "exit status"}, "respond": {"text": "tried"}},
+             {"when": {"purpose": "work"},
+              "respond": {"tool_calls": [{"name": "shell", "arguments": {"command": f"{sys.executable} attack.py"}}]}}]
+    with server_env(tmp_path, rules) as env:
+        server = env["make"]().start()
+        headers = {"Authorization": f"token {server.token}"}
+        http_ = httpx.Client(base_url=server.url, headers=headers, timeout=60)
+        try:
+            # the person, from outside any tool process: a terminal and a kernel open, both websockets connect
+            r = http_.post("api/terminals", json={})
+            assert r.status_code == 200, r.text
+            terminal = r.json()["name"]
+            r = http_.post("api/kernels", json={"name": "python3"})
+            assert r.status_code == 201, r.text
+            kernel = r.json()["id"]
+            assert _ws_upgrade(server.port, f"/terminals/websocket/{terminal}", server.token) == 101
+            assert _ws_upgrade(server.port, f"/api/kernels/{kernel}/channels", server.token) == 101
+
+            (env["root"] / "token.txt").write_text(server.token)
+            attack = f"""
+import base64, http.client, json, os
+token = open("token.txt").read().strip()
+def call(method, path, body=None):
+    conn = http.client.HTTPConnection("127.0.0.1", {server.port}, timeout=20)
+    headers = {{"Authorization": "token " + token, "Content-Type": "application/json"}}
+    if path.endswith("/channels") or path.startswith("/terminals/websocket/"):
+        headers.update({{"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                        "Sec-WebSocket-Key": base64.b64encode(os.urandom(16)).decode()}})
+    conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+    status = conn.getresponse().status
+    conn.close()
+    return status
+for label, method, path, body in [
+    ("new-terminal", "POST", "/api/terminals", {{}}),
+    ("new-kernel", "POST", "/api/kernels", {{"name": "python3"}}),
+    ("new-session", "POST", "/api/sessions", {{"path": "x.ipynb", "type": "notebook", "kernel": {{"name": "python3"}}}}),
+    ("restart-kernel", "POST", "/api/kernels/{kernel}/restart", {{}}),
+    ("terminal-websocket", "GET", "/terminals/websocket/{terminal}", None),
+    ("kernel-websocket", "GET", "/api/kernels/{kernel}/channels", None),
+    ("list-kernels", "GET", "/api/kernels", None),
+]:
+    print("RESULT", label, call(method, path, body))
+"""
+            (env["root"] / "attack.py").write_text(attack)
+            cl = server.client()
+            sid = str(cl.create_session(title="attacker", cwd=str(env["root"]),
+                                        permissions={"mode": "bypass"})["session"]["session_id"])
+            cl.send(sid, "attack", client_request_id="a1")
+            snap = cl.wait(sid, timeout=90)
+            result = next(i for i in snap["transcript"]["items"] if i["kind"] == "tool_result")["content"]
+            for label in ("new-terminal", "new-kernel", "new-session", "restart-kernel", "terminal-websocket",
+                          "kernel-websocket"):
+                assert f"RESULT {label} 403" in result, result
+            assert "RESULT list-kernels 200" in result, result
+            # nothing was started: still the person's one terminal and one kernel, no notebook session
+            assert [t["name"] for t in http_.get("api/terminals").json()] == [terminal]
+            assert [k["id"] for k in http_.get("api/kernels").json()] == [kernel]
+            assert http_.get("api/sessions").json() == []
+            # the same requests from outside any tool process still succeed
+            assert _ws_upgrade(server.port, f"/api/kernels/{kernel}/channels", server.token) == 101
+            assert http_.post(f"api/kernels/{kernel}/restart", json={}).status_code == 200
+            r = http_.post("api/sessions", json={"path": "x.ipynb", "type": "notebook", "kernel": {"name": "python3"}})
+            assert r.status_code == 201, r.text
+            r = http_.post("api/terminals", json={})
+            assert r.status_code == 200, r.text
+        finally:
+            for s in http_.get("api/sessions").json():
+                http_.delete(f"api/sessions/{s['id']}")
+            for k in http_.get("api/kernels").json():
+                http_.delete(f"api/kernels/{k['id']}")
+            for t in http_.get("api/terminals").json():
+                http_.delete(f"api/terminals/{t['name']}")
+            http_.close()

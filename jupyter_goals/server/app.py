@@ -10,9 +10,11 @@ from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Dict, Float, Int, List, Unicode, default
+from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default, validate
 
 from jupyter_goals.config import GoalsConfig
+from jupyter_goals.secrecy import allow_entry_problem
+from jupyter_goals.server import guard
 from jupyter_goals.server.handlers import handlers
 from jupyter_goals.server.service import GoalsService
 
@@ -58,8 +60,25 @@ class GoalsApp(ExtensionApp):
     tool_env_allow = List(
         Unicode(),
         help="Environment variables a tool process may see beyond PATH, HOME, LANG, TERM, … (names or globs; "
-        "a secret-looking name such as *TOKEN*, *KEY*, *SECRET*, *PASSWORD* passes only when named exactly).",
+        "a secret-looking name such as *TOKEN*, *KEY*, *SECRET*, *PASSWORD* passes only when named exactly). "
+        "One entry per flag: --GoalsApp.tool_env_allow=MY_SETTING --GoalsApp.tool_env_allow='PROJ_*'.",
     ).tag(config=True)
+
+    @validate("tool_env_allow")
+    def _validate_tool_env_allow(self, proposal: Any) -> list[str]:
+        """An entry that cannot be a variable name or glob (e.g. a whole JSON list given as one flag,
+        which traitlets keeps as one string) is refused loudly instead of silently matching nothing."""
+        value = list(proposal["value"])
+        for entry in value:
+            problem = allow_entry_problem(entry)
+            if problem:
+                raise TraitError(
+                    f"GoalsApp.tool_env_allow: {entry!r} is not an environment variable name or glob ({problem}); "
+                    "give one name or glob per flag, e.g. --GoalsApp.tool_env_allow=MY_SETTING "
+                    "--GoalsApp.tool_env_allow='PROJ_*', or c.GoalsApp.tool_env_allow = ['MY_SETTING', 'PROJ_*'] "
+                    "in jupyter_server_config.py"
+                )
+        return value
 
     @default("state_dir")
     def _default_state_dir(self) -> str:
@@ -103,20 +122,40 @@ class GoalsApp(ExtensionApp):
         token = getattr(getattr(self.serverapp, "identity_provider", None), "token", "") if self.serverapp else ""
         return {"JUPYTER_GOALS_TOKEN": token} if token else {}
 
+    # why linking this extension's configuration failed (a TraitError such as a bad tool_env_allow entry)
+    _config_error: str = ""
+
+    def _link_jupyter_server_extension(self, serverapp: Any) -> None:
+        try:
+            super()._link_jupyter_server_extension(serverapp)
+        except Exception as exc:
+            self._config_error = str(exc) or type(exc).__name__
+            raise
+
     def initialize_settings(self) -> None:
+        if self._config_error:
+            # traitlets rolled back every GoalsApp setting; running on defaults (another state dir or
+            # database, another model) would hide the mistake: the extension is not started at all
+            self.log.error("jupyter_goals is not started, its configuration is invalid: %s", self._config_error)
+            raise TraitError(f"jupyter_goals is not started, its configuration is invalid: {self._config_error}")
         self.service = GoalsService(self.service_config())
         self.settings["jupyter_goals_service"] = self.service
+        # Jupyter's terminals, kernels and sessions are refused to our tool processes (server/guard.py)
+        guard.install(self.settings)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(handlers(""))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        if self._config_error:  # not started (initialize_settings said why)
+            return
         # kernels started by this server find it through these variables (the notebook client)
         os.environ["JUPYTER_GOALS_SERVER_URL"] = serverapp.connection_url
         if getattr(serverapp.identity_provider, "token", None):
             os.environ["JUPYTER_GOALS_TOKEN"] = serverapp.identity_provider.token
         # a renamed or moved notebook keeps its session (jupyter_server's contents events)
         serverapp.event_logger.add_listener(schema_id=CONTENTS_EVENTS, listener=self._on_contents_event)
+        guard.install(serverapp.web_app.settings)  # again, should an extension loaded after us have replaced it
         await self.service.start()
 
     async def _on_contents_event(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
@@ -128,10 +167,14 @@ class GoalsApp(ExtensionApp):
             self.log.exception("jupyter_goals: could not follow the rename of %s", data.get("source_path"))
 
     def current_activity(self) -> list[dict[str, Any]] | None:
+        if self._config_error:
+            return None
         sup = self.service.supervisor
         return [{"workers": len(sup.procs)}] if sup and sup.procs else None
 
     async def stop_extension(self) -> None:
+        if self._config_error:
+            return
         try:
             await asyncio.wait_for(self.service.stop(self.shutdown_timeout_s), self.shutdown_timeout_s + 5)
         except TimeoutError:

@@ -5,9 +5,14 @@ user as the server, so it could find the token elsewhere (a runtime file, ``/pro
 therefore refuses state changes (approvals, permissions, new work) whose TCP peer on this machine is a
 tool process or one of its descendants: the shell wrapper of every tool call carries
 ``JG_TOOL_EFFECT`` in its environment, and the caller's parent chain, session leader and process-group
-leader are checked for it. A process that deliberately detaches itself (``setsid`` plus a double fork,
-so that neither its ancestry nor its session leads back to the tool) is not recognised: run untrusted
-agents in a sandbox (a container or another user) for a hard boundary.
+leader are checked for it. Jupyter's own routes that start or drive a process of the server
+(creating a terminal, kernel or session, connecting to a terminal's or kernel's websocket) are refused
+to a tool process too (``server/guard.py`` wraps the server's authorizer): otherwise the tool could run
+a command there, as a child of the server that is no descendant of the tool. A process that
+deliberately detaches itself (``setsid`` plus a double fork, so that neither its ancestry nor its
+session leads back to the tool), or code a tool gets into a kernel that is already running by another
+way (its connection file), is not recognised: run untrusted agents in a sandbox (a container or
+another user) for a hard boundary.
 """
 
 from __future__ import annotations

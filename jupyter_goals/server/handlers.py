@@ -36,7 +36,7 @@ from jupyter_goals.models import (
     UpdateSession,
 )
 from jupyter_goals.providers.catalog import UnknownModel
-from jupyter_goals.server import callers, openapi
+from jupyter_goals.server import guard, openapi
 from jupyter_goals.server.bodies import BodyRefused, parse_body
 from jupyter_goals.server.service import LATEST, Degraded, GoalsService, decode_cursor, notebook_api_path
 from jupyter_goals.store.db import FencedError, NotFound, StorageUnavailable, VersionConflict
@@ -116,12 +116,7 @@ class GoalsHandler(ExtensionHandlerMixin, APIHandler):  # type: ignore[misc]
             raise ApiError(400, "bad_request", msg) from exc
 
     async def from_tool_process(self) -> bool:
-        try:
-            sock = self.request.connection.stream.socket  # type: ignore[union-attr]
-            peer, server_port = sock.getpeername(), sock.getsockname()[1]
-        except (AttributeError, OSError):
-            return False
-        return await asyncio.to_thread(callers.request_from_tool, (str(peer[0]), int(peer[1])), int(server_port))
+        return await guard.handler_from_tool(self)
 
     def int_arg(self, name: str, default: int) -> int:
         raw = self.get_argument(name, None)
