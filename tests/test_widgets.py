@@ -1,6 +1,7 @@
 """GoalWidget, ApprovalWidget and HistoryWidget rendered in a real kernel against a real server: each
-shows the backend's state and actions, one action is driven through its button, and the view follows
-the event stream on a background thread that ends when the widget closes."""
+shows the backend's state and actions, one action is driven through its button (a history entry's
+Details shows its record and hides it again), and the view follows the event stream on a background
+thread that ends when the widget closes."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.servers import ServerProcess, wait_for, write_script
 pytestmark = pytest.mark.slow  # a real jupyter server and a real kernel
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+RECORD_KEYS = ["anchor", "created_at", "goal_id", "read_only", "record_id", "session_id", "snapshot", "state"]
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +111,51 @@ def test_history_widget_grows_when_a_goal_of_its_session_ends(kernel: Kernel, se
     out = kernel.run(f"h = HistoryWidget({sid!r})\ndisplay(h)")
     assert not errors(out), errors(out)
     assert value(kernel, "[r['snapshot']['objective'] for r in h.records]") == ["First objective"]
+    assert value(kernel, "sorted(h.records[0])") == RECORD_KEYS  # a change of the record's schema shows here
     second = client.create_goal(sid, "Second objective")
     client.goal_action(second["goal_id"], "end", second["revision"])
     assert value(kernel, "until(lambda: len(h.records) == 2)") is True
-    assert value(kernel, "'Second objective' in h.detail.value") is True
+    assert value(kernel, "'Second objective' in h.rows.children[1].summary.value") is True
     kernel.run("h.close()")
+
+
+def test_history_widget_details_button_shows_the_record_and_hides_it_again(kernel: Kernel, server: ServerProcess) -> None:
+    client = server.client()
+    sid = client.create_session(title="history details")["session_id"]
+    goal = client.create_goal(sid, "Sort the receipts", requirements=[{"text": "every receipt has a date"}])
+    client.goal_action(goal["goal_id"], "end", goal["revision"])
+    [record] = client.history(sid)
+    out = kernel.run(f"h = HistoryWidget({sid!r})\ndisplay(h)\ne = h.entries[{record['record_id']!r}]")
+    assert not errors(out), errors(out)
+    assert value(kernel, "[e.details_button.description, bool(e.details_button.tooltip), e.opened, e.details.value]") == [
+        "Details", True, False, ""]
+
+    out = kernel.run("e.details_button.click()")
+    assert not errors(out), errors(out)
+    shown = str(value(kernel, "e.details.value"))
+    assert value(kernel, "e.opened") is True
+    for field in (record["record_id"], record["goal_id"], sid, f"Goal {record['state']} (read-only)", "Sort the receipts",
+                  "every receipt has a date", f"transcript position {record['anchor']['seq']}"):
+        assert field in shown, (field, shown)
+
+    # an open Details stays open when the list is re-read (another Goal of the session ends)
+    second = client.create_goal(sid, "File the invoices")
+    client.goal_action(second["goal_id"], "end", second["revision"])
+    assert value(kernel, "until(lambda: len(h.records) == 2)") is True
+    assert value(kernel, "[e.opened, h.rows.children[0] is e]") == [True, True]
+
+    out = kernel.run("e.details_button.click()")  # the second press hides it
+    assert not errors(out), errors(out)
+    assert value(kernel, "[e.opened, e.details.value]") == [False, ""]
+
+    # a record the server does not have: its 404 is said in the entry, no traceback
+    out = kernel.run("from jupyter_goals.notebook.widgets import HistoryEntry\n"
+                     "m = HistoryEntry({'record_id': 'hist_missing', 'state': 'achieved', 'snapshot': {}}, h.client)\n"
+                     "m.details_button.click()")
+    assert not errors(out), errors(out)
+    missing = str(value(kernel, "m.details.value"))
+    assert "Could not read record hist_missing (404" in missing and "not found" in missing, missing
+    kernel.run("m.close()\nh.close()")
 
 
 def test_chat_widget_shows_the_answer_when_it_arrives(kernel: Kernel, server: ServerProcess, tmp_path: Path) -> None:

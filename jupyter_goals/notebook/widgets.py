@@ -11,6 +11,7 @@ are the durable ones.
 from __future__ import annotations
 
 import atexit
+import datetime
 import threading
 import weakref
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any
 
 import ipywidgets as w
 
+from jupyter_goals.notebook import cards
 from jupyter_goals.notebook.client import GoalsClient, GoalsError
 
 GOAL_BUTTONS = (("pause", "Pause"), ("resume", "Resume"), ("verify", "Verify"), ("end", "End"))
@@ -44,7 +46,7 @@ class LiveWidget(w.VBox):  # type: ignore[misc]
         self.error = w.HTML()
         self.buttons: dict[str, w.Button] = {}
         self.bar = w.HBox()
-        self.children = (self.heading, self.detail, self.bar, self.error)
+        self.children: tuple[Any, ...] = (self.heading, self.detail, self.bar, self.error)
         self._actions: dict[str, Callable[[], Any]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -208,13 +210,83 @@ class ApprovalWidget(LiveWidget):
             or event.get("session_id") == self.approval.get("session_id"))
 
 
+DETAILS_TOOLTIP = "Show this Goal record (read-only)"
+
+
+def _failure(what: str, why: str) -> str:
+    return f'<span style="color:#a00">{escape(what)}{": " + escape(why[:200]) if why else ""}</span>'
+
+
+def record_details_html(record: dict[str, Any]) -> str:
+    """A terminal Goal record in full, read-only: the Goal as it ended (objective, state, phase, reason,
+    requirement verdicts, todo, usage) and where it ended (time, transcript position), with its ids."""
+    anchor = record.get("anchor") or {}
+    try:
+        ended = datetime.datetime.fromtimestamp(float(record["created_at"])).strftime("%Y-%m-%d %H:%M:%S")
+    except (KeyError, TypeError, ValueError):
+        ended = "?"
+    return (f"<div><b>Goal {escape(str(record['state']))} (read-only)</b></div>"
+            + cards.goal_html(record["snapshot"])
+            + f'<div style="color:#666">Ended {escape(ended)} &middot; transcript position '
+              f"{escape(str(anchor.get('seq', '?')))}<br>record <code>{escape(str(record['record_id']))}</code>"
+              f" &middot; Goal <code>{escape(str(record['goal_id']))}</code>"
+              f" &middot; session <code>{escape(str(record['session_id']))}</code></div>")
+
+
+class HistoryEntry(w.VBox):  # type: ignore[misc]
+    """One ended Goal of a ``HistoryWidget``: state, objective and record id, and a Details button that
+    shows the whole record (``GET /history/{record_id}``, what the card's Details dialog shows) under the
+    entry; a second press hides it. A failed read is shown there as a message, never raised."""
+
+    def __init__(self, record: dict[str, Any], client: GoalsClient) -> None:
+        super().__init__()
+        self.client = client
+        self.record_id = str(record["record_id"])
+        self.summary = w.HTML()
+        self.details_button = w.Button(description="Details", tooltip=DETAILS_TOOLTIP)
+        self.details_button.on_click(lambda _b: self.toggle())
+        self.details = w.HTML(layout=w.Layout(display="none"))
+        self.children = (w.HBox((self.summary, self.details_button)), self.details)
+        self.show(record)
+
+    def show(self, record: dict[str, Any]) -> None:
+        self.summary.value = (f"{_phase(str(record['state']))} "
+                              f"{escape(str((record.get('snapshot') or {}).get('objective', '')))}"
+                              f' <span style="color:#666">record {escape(self.record_id)}</span>')
+
+    @property
+    def opened(self) -> bool:
+        return self.details.layout.display != "none"
+
+    def toggle(self) -> None:
+        """Open: re-read the record from the server and show it; closed again on the next press."""
+        if self.opened:
+            self.details.value = ""
+            self.details.layout.display = "none"
+            self.details_button.tooltip = DETAILS_TOOLTIP
+            return
+        try:
+            self.details.value = record_details_html(self.client.history_record(self.record_id))
+        except GoalsError as exc:
+            self.details.value = _failure(f"Could not read record {self.record_id} ({exc.status} {exc.error})",
+                                          exc.message)
+        except Exception as exc:  # no answer (the server is away) or an unreadable one: said, never a traceback
+            self.details.value = _failure(f"Could not read record {self.record_id}", f"{type(exc).__name__}: {exc}")
+        self.details.layout.display = ""
+        self.details_button.tooltip = "Hide this Goal record"
+
+
 class HistoryWidget(LiveWidget):
-    """A session's ended Goals (terminal records, read-only); grows when a Goal of the session ends."""
+    """A session's ended Goals (terminal records, read-only), each with a Details button; grows when a
+    Goal of the session ends. Entries are kept by record id, so an open Details survives a re-read."""
 
     def __init__(self, session_id: str, client: GoalsClient | None = None, follow: bool = True) -> None:
         super().__init__(client)
         self.session_id = session_id
         self.records: list[dict[str, Any]] = []
+        self.entries: dict[str, HistoryEntry] = {}
+        self.rows = w.VBox()
+        self.children = (self.heading, self.detail, self.rows, self.bar, self.error)
         self.refresh()
         if follow:
             self.follow()
@@ -222,10 +294,14 @@ class HistoryWidget(LiveWidget):
     def render(self) -> None:
         self.records = self.client.history(self.session_id)
         self.heading.value = f"<b>Ended Goals</b> ({len(self.records)})"
-        self.detail.value = "".join(
-            f"<div>{_phase(r['state'])} {escape(str((r.get('snapshot') or {}).get('objective', '')))}"
-            f' <span style="color:#666">record {escape(r["record_id"])}</span></div>' for r in self.records
-        ) or "<div>No ended Goals in this session yet.</div>"
+        self.detail.value = "" if self.records else "<div>No ended Goals in this session yet.</div>"
+        for r in self.records:
+            entry = self.entries.get(r["record_id"])
+            if entry is None:
+                self.entries[r["record_id"]] = HistoryEntry(r, self.client)
+            else:
+                entry.show(r)
+        self.rows.children = tuple(self.entries[r["record_id"]] for r in self.records)
 
     def concerns(self, event: dict[str, Any]) -> bool:
         return event.get("session_id") == self.session_id and str(event.get("kind", "")).startswith("goal.")
