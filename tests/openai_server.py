@@ -27,11 +27,16 @@ A streamed answer is this SSE event sequence (each ``data:`` line is one event, 
 6. ``data: [DONE]`` (unless ``send_done=False``)
 
 ``raw_events`` replaces steps 1-5 with the given payloads (dicts are JSON-encoded, strings sent as is).
+
+``hold_open_after``: after that many events the stream stays open, sending nothing, until the client
+closes its connection (``server.held_streams`` counts the streams held now; ``server.client_closes``
+has the wall-clock time of each close the server saw) or ``close()``.
 """
 
 from __future__ import annotations
 
 import json
+import select
 import socket
 import sys
 import threading
@@ -83,6 +88,7 @@ class Plan:
     drop_after: int | None = None  # close the connection after this many events
     drop_mode: DropMode = "reset"  # reset: abort mid-chunked-body; eof: end the body cleanly, no [DONE]
     hang_after: int | None = None  # stop sending after this many events until release() / close()
+    hold_open_after: int | None = None  # stop sending after this many events until the client closes the connection
     chunk_delay: float = 0.0  # seconds between events
     args_chunk_size: int = 5
     interleave_tool_calls: bool = False
@@ -284,6 +290,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if plan.drop_after is not None and i >= plan.drop_after:
                     self._drop(plan.drop_mode)
                     return
+                if plan.hold_open_after is not None and i >= plan.hold_open_after:
+                    self._hold_until_client_closes()
+                    return
                 if plan.hang_after is not None and i >= plan.hang_after:
                     owner._release.wait()
                     if owner._closing:
@@ -300,6 +309,29 @@ class _Handler(BaseHTTPRequestHandler):
             self._write_chunk(b"")  # terminating zero-length chunk
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client went away
+
+    def _hold_until_client_closes(self) -> None:
+        """Keep the stream open, sending nothing, until the client closes its end (recorded) or close()."""
+        owner = self.server.owner
+        with owner.lock:
+            owner._held += 1
+        try:
+            while not owner._closing:
+                readable, _, _ = select.select([self.connection], [], [], 0.05)
+                if not readable:
+                    continue
+                try:
+                    data = self.connection.recv(4096)
+                except OSError:  # reset by the client
+                    data = b""
+                if not data:  # end of file: the client closed the connection
+                    with owner.lock:
+                        owner._client_closes.append(time.time())
+                    return
+            self._drop("reset")
+        finally:
+            with owner.lock:
+                owner._held -= 1
 
     def _drop(self, mode: DropMode) -> None:
         try:
@@ -336,6 +368,8 @@ class OpenAITestServer:
         self._count = 0
         self._release = threading.Event()
         self._closing = False
+        self._held = 0  # streams held open by ``hold_open_after`` right now
+        self._client_closes: list[float] = []  # when the client closed a held stream (wall clock)
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -450,6 +484,18 @@ class OpenAITestServer:
         return [
             r for r in self.requests if r.method == "POST" and r.path.rstrip("/") == "/v1/chat/completions"
         ]
+
+    @property
+    def held_streams(self) -> int:
+        """Streams held open by ``hold_open_after`` right now (the client has not closed them)."""
+        with self.lock:
+            return self._held
+
+    @property
+    def client_closes(self) -> list[float]:
+        """The wall-clock time of each close of a held stream by its client, oldest first."""
+        with self.lock:
+            return list(self._client_closes)
 
     @property
     def pending_plans(self) -> int:

@@ -226,6 +226,16 @@ async def shell(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     return ToolResult(text)
 
 
+#: the tools whose running call ``cancel_tool`` (and Stop) can cancel: a detached shell command has a process
+#: group to signal; every other call runs inside its worker and ends by itself (tools_to_cancel in store/control.py)
+CANCELLABLE_TOOLS = frozenset({"shell"})
+
+
+def cancellable(tool: str) -> bool:
+    """Whether a running call of ``tool`` can be cancelled on its own (``cancel_tool``)."""
+    return tool in CANCELLABLE_TOOLS
+
+
 _P = {"type": "string"}
 BUILTINS: list[ToolSpec] = [
     ToolSpec("read_file", Capability.READ_ONLY, read_file, "Read a text file.", {"path": _P}),

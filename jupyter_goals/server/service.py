@@ -42,7 +42,7 @@ from jupyter_goals.prices import PriceTable, PriceTableError, load_price_table
 from jupyter_goals.providers import catalog
 from jupyter_goals.recovery.coordinator import Coordinator, RecoveryReport
 from jupyter_goals.runtime.supervisor import Supervisor, WorkerConfig
-from jupyter_goals.runtime.tools import ToolRegistry
+from jupyter_goals.runtime.tools import ToolRegistry, cancellable
 from jupyter_goals.store import control as c
 from jupyter_goals.store import goals as goal_store
 from jupyter_goals.store import notebooks, recovery_passes, waits
@@ -521,7 +521,16 @@ class GoalsService:
                              effect_id: str | None = None) -> dict[str, Any]:
         self.check()
         if action == "cancel_tool" and effect_id:
-            eff = await self.control.run(lambda tx: c.request_cancel_tool(tx, session_id, effect_id))
+
+            def cancel(tx: Tx) -> Row:
+                eff = c.request_cancel_tool(tx, session_id, effect_id)  # 404 unknown, 409 not running
+                if not cancellable(eff["tool"]):  # raising undoes the request: nothing is recorded
+                    raise c.VersionConflict(
+                        f"tool call {eff['call_id']} ({eff['tool']}) cannot be cancelled: only a running shell"
+                        " command can; this call ends by itself")
+                return eff
+
+            eff = await self.control.run(cancel)
             return {"effect_id": eff["effect_id"], "call_id": eff["call_id"], "cancel_requested": True}
 
         def run(tx: Tx) -> Row:
