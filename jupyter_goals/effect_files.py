@@ -71,11 +71,17 @@ def kill_shell(effect_dir: Path) -> bool:
 
 
 def group_members(effect_dir: Path) -> list[int]:
-    """Live (non-zombie) processes of the shell's process group, this boot only."""
+    """Live (non-zombie) processes of the shell's process group, this boot only. The group is found by
+    the shell's identity: its pid (the group id) and start time. While any member lives the kernel keeps
+    the group id from being reused; once the whole group is gone, a new process with that pid (another
+    start time) is not ours and is never signalled."""
     proc = shell_process(effect_dir)
     if proc is None or proc.get("boot_id", boot_id()) != boot_id():
         return []
     pgid = int(proc["pid"])
+    leader_started = process_start_time(pgid)
+    if leader_started is not None and leader_started != proc.get("start_time"):
+        return []  # the pid was reused by a process that is not the shell we started
     members: list[int] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
