@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from jupyter_goals.effect_files import group_members
+
 from .browser import (
     REPO_ROOT,
     LabPage,
@@ -26,6 +28,7 @@ from .browser import (
     run_jupyter_lab,
     wait_until,
 )
+from .servers import running_shell
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Locator
@@ -219,7 +222,8 @@ def test_kill_9_during_slow_command_same_page_reconnects_and_command_ran_once(
 def test_ask_session_approve_from_the_session_view_runs_once(browser: Browser, tmp_path: Path) -> None:
     """"Goals: New chat" from the command palette proposes the file browser's folder; in the `ask`
     session "list" asks before running `ls -la`; the person is notified once and approves from the
-    session view; the call is dispatched once and its answer appears."""
+    session view (also after a reload: a page opened while an approval is pending notifies it); the
+    call is dispatched once and its answer appears."""
     with run_jupyter_lab(tmp_path) as server:
         goals_ready(server)
         (server.root_dir / "proj").mkdir()
@@ -246,6 +250,16 @@ def test_ask_session_approve_from_the_session_view_runs_once(browser: Browser, t
             assert view.get_by_role("button", name="Deny", exact=True).is_enabled()
             toast = lab.page.locator(".jp-toast-message").filter(has_text="Approval needed")
             toast.first.wait_for(timeout=10_000)
+            # a page opened while the approval is pending says so too (its event came before the page;
+            # the event feed starts at the newest seq, so this notice comes from GET /approvals)
+            lab.reload()
+            toast.first.wait_for(timeout=10_000)
+            # its Open action shows the session (the reload may come before the layout was saved)
+            toast.first.locator("xpath=ancestor::*[contains(@class, 'Toastify__toast')][1]").get_by_role(
+                "button", name="Open").click()
+            view = session_view(lab, session_id)
+            approve = view.get_by_role("button", name="Approve", exact=True)
+            approve.wait_for(timeout=30_000)
             approve.click()
             try:
                 item(view, "assistant", "Those are the files").wait_for(timeout=60_000)
@@ -533,5 +547,82 @@ def test_streamed_assistant_text_appears_before_the_answer_is_committed(browser:
             answer = next(i for i, e in enumerate(events)
                           if e["kind"] == "transcript.item" and e["payload"].get("kind") == "assistant")
             assert first_draft < answer  # drafts are events before the commit, never the ledger
+        finally:
+            lab.close()
+
+
+# the session view's action buttons by accessible name, and the backend flag behind each (views.ts)
+SESSION_VIEW_BUTTONS = {"Pause": "can_pause", "Resume": "can_resume", "Stop": "can_end", "Retry": "can_retry"}
+
+
+def test_stop_button_ends_the_running_command_and_disabled_buttons_say_why(browser: Browser, tmp_path: Path) -> None:
+    """"slow" runs `sleep 10; date >> slow-demo.log` in a bypass session; the person presses the
+    session view's "Stop" button (found by role and name): the work ends `cancelled`, the command's
+    process group is gone, its call is `cancelled`, `slow-demo.log` is never written, and the transcript
+    says "Stopped by you" (a command was terminated), not a server restart. Afterwards every action
+    button is enabled exactly as the snapshot's `actions` say, and a disabled one (Stop, Pause) tells
+    why in its tooltip (its accessible description): the server's reason for the stopped work."""
+    from playwright.sync_api import expect
+
+    with run_jupyter_lab(tmp_path) as server:
+        goals_ready(server)
+        lab = LabPage.open(browser, server)
+        try:
+            session_id = new_chat_from_panel(lab, "stop chat", mode="bypass")
+            view = session_view(lab, session_id)
+            send(view, "slow")
+            effect_dir = running_shell(server.state_dir, session_id)  # the command's process group is alive
+            call_state = item(view, "tool_call").first.locator('[data-testid="goals-effect-state"]')
+            call_state.and_(lab.page.locator('[data-value="dispatched"]')).wait_for(timeout=10_000)
+            stop = view.get_by_role("button", name="Stop", exact=True)
+            running = api(server, "GET", f"sessions/{session_id}")
+            assert running["actions"]["can_end"] is True, running["actions"]
+            expect(stop).to_be_enabled()
+            stop.click()
+
+            def cancelled() -> bool:
+                work = api(server, "GET", f"sessions/{session_id}")["work"]
+                return bool(work["phase"] == "cancelled")
+
+            try:  # durable evidence: the work cancelled, the group gone, its call committed `cancelled`
+                wait_until(cancelled, "the work to be cancelled", 30)
+                wait_until(lambda: not group_members(effect_dir), "the command's process group to end", 10)
+                wait_until(lambda: bool(effect_events(server, session_id, "cancelled")), "the call cancelled", 10)
+            except AssertionError:
+                print(json.dumps(transcript(server, session_id), indent=1)[-3000:])
+                print(server.log_tail(3000))
+                raise
+            assert not (server.root_dir / "slow-demo.log").exists()
+            results = [i for i in transcript(server, session_id) if i["kind"] == "tool_result"]
+            assert [r["state"] for r in results] == ["cancelled"], results
+
+            view.and_(lab.page.locator('[data-phase="cancelled"]')).wait_for(timeout=10_000)
+            call_state.and_(lab.page.locator('[data-value="cancelled"]')).wait_for(timeout=10_000)
+            marker = view.locator('[data-testid="goals-interruption"][data-reason-code="user_stopped"]')
+            marker.wait_for(timeout=10_000)
+            words = marker.inner_text()
+            assert "Stopped by you" in words and "a command still running was terminated" in words, words
+            assert "restart" not in words, words
+
+            # the buttons follow the snapshot's actions; a disabled one says the server's reason
+            snapshot = api(server, "GET", f"sessions/{session_id}")
+            actions, reason = snapshot["actions"], snapshot["work"]["reason"]
+            assert actions["reason_code"] == "user_stopped" and reason, snapshot["work"]
+            assert actions["can_end"] is False and actions["can_pause"] is False, actions
+            for name, flag in SESSION_VIEW_BUTTONS.items():
+                control = view.get_by_role("button", name=name, exact=True)
+                if actions[flag]:
+                    expect(control).to_be_enabled()
+                else:
+                    expect(control).to_be_disabled()
+            for name in ("Stop", "Pause"):
+                control = view.get_by_role("button", name=name, exact=True)
+                why = control.get_attribute("title") or ""
+                assert why == f"Not available now: {reason}", why
+                expect(control).to_have_accessible_description(why)
+            bar = view.locator('[data-testid="goals-session-view-actions"]')
+            assert bar.get_attribute("data-reason-code") == actions["reason_code"]
+            assert not (server.root_dir / "slow-demo.log").exists()
+            assert lab.console_errors == [], lab.console_errors
         finally:
             lab.close()

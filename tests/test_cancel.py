@@ -124,6 +124,9 @@ def test_stop_kills_the_running_command_within_two_seconds_and_a_restart_changes
             result = next(i for i in items if i["kind"] == "tool_result")
             assert result["state"] == "cancelled"
             assert said_stopped(items)
+            # in the order it happened: the cancelled result, then the words that the turn ended there
+            marker = next(i for i in items if i["kind"] == "interruption" and i["content"].startswith("Stopped by"))
+            assert result["seq"] < marker["seq"] and "terminated" in marker["content"], items
         assert not (env["root"] / "out.txt").exists()
         assert_nothing_reruns_after_restart(server, env, sid)
 

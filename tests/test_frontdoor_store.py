@@ -3,9 +3,10 @@ session pages with filters, transcript pages in both directions, and recovery pa
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from jupyter_goals.models import ItemKind
+from jupyter_goals.models import EffectState, ItemKind
 from jupyter_goals.store import control as c
 from jupyter_goals.store import recovery_passes as rp
 from jupyter_goals.store.db import Tx
@@ -104,3 +105,55 @@ def test_a_recovery_pass_records_each_item_once_with_its_outcome(backend: Backen
     assert [(r["work_id"], r["detail"]["outcome"], r["reason_code"]) for r in rows] == [
         (work["run"], "continued", "queued"), (work["paused"], "paused", "user_paused")]
     assert rows[1]["detail"]["reason"] == "You paused this work." and rows[0]["title"] == "s"
+
+
+def test_a_stop_says_a_command_was_terminated_only_when_one_was(backend: Backend) -> None:
+    """The stop marker (item ``stopped:<work>``, reason code ``user_stopped``) says "a command still
+    running was terminated" only when this stop ended one: a shell call still running (no live worker:
+    the Coordinator kills it) or one the stop itself cancelled. A call never started, a finished one or
+    one the person had cancelled alone before the stop leaves "Stopped by you: this turn ended here."."""
+    db = backend.open("control", migrated="control")
+    ended_here = "Stopped by you: this turn ended here."
+    terminated = "Stopped by you: this turn ended here; a command still running was terminated."
+
+    def stopped(call: str | None, then: str, n: int) -> dict[str, Any]:
+        def run(tx: Tx) -> dict[str, Any]:
+            s = c.create_session(tx, then, "/", "scripted:x", PERMS)
+            work = c.create_work(tx, s, "chat", {"text": "slow"}, auto_recover=True, host="h")
+            turn_id = c.new_turn(tx, work, False)
+            if call is not None:
+                c.plan_call(tx, work, turn_id, f"call-{n}", call, {"command": "sleep 10"}, capability="shell",
+                            impl_identity="x", impl_digest="d", seq=1)
+                eff = tx.one("SELECT * FROM effects WHERE call_id = ?", (f"call-{n}",))
+                assert eff is not None
+                if then != "planned":
+                    c.mark_dispatched(tx, eff, "att-x")
+                if then == "committed":
+                    c.set_effect_state(tx, eff, EffectState.COMMITTED, "exit status 0")
+                elif then == "cancelled by its own Cancel":
+                    c.request_cancel_tool(tx, s["session_id"], eff["effect_id"])
+                    assert c.commit_cancelled(tx, eff, "cancelled: the person cancelled this call")
+                elif then == "cancelled by the stop":  # the worker killed it and committed, then yields
+                    c.apply_control(tx, work, "stop", None)
+                    assert c.commit_cancelled(tx, eff, "cancelled: the work was stopped")
+            if then == "cancelled by the stop":
+                c.finish_cancelled(tx, c.get_work(tx, work["work_id"]))
+            else:  # no live attempt: the stop persists as cancelled at once
+                c.apply_control(tx, c.get_work(tx, work["work_id"]), "stop", None)
+            row = tx.one("SELECT content, meta FROM transcript WHERE item_id = ?", (f"stopped:{work['work_id']}",))
+            assert row is not None
+            return {"content": row["content"], "meta": json.loads(row["meta"]),
+                    "phase": c.get_work(tx, work["work_id"])["phase"]}
+        return db.transact(run)
+
+    for n, (call, then, words) in enumerate([
+        (None, "no call", ended_here),
+        ("shell", "planned", ended_here),
+        ("shell", "committed", ended_here),
+        ("shell", "cancelled by its own Cancel", ended_here),
+        ("read_file", "dispatched", ended_here),  # not a command: nothing to kill
+        ("shell", "dispatched", terminated),
+        ("shell", "cancelled by the stop", terminated),
+    ]):
+        got = stopped(call, then, n)
+        assert got == {"content": words, "meta": {"reason_code": "user_stopped"}, "phase": "cancelled"}, then

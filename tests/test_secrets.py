@@ -7,12 +7,15 @@ tool process holding the server's token still cannot decide approvals or change 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import http.client
 import json
 import os
 import re
+import sqlite3
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ from traitlets.config import Config
 
 from jupyter_goals.secrecy import Redactor, is_secret_name, tool_environment
 from jupyter_goals.server.app import GoalsApp
+from jupyter_goals.store import control as c
 from tests.inproc import Rig
 from tests.servers import ServerProcess, db_rows, server_env, wait_for
 
@@ -109,6 +113,87 @@ async def test_tool_env_allow_reaches_the_tool_and_a_secret_pattern_only_by_exac
         # named exactly by a person: it reaches the tool; its value is still redacted from the transcript
         assert env["DEPLOY_TOKEN"] == "[redacted: DEPLOY_TOKEN]" and "deploy-token-value" not in result.content
         assert "UNLISTED" not in env and env["PWD"] == str(rig.root)
+    finally:
+        rig.close()
+
+
+async def test_a_provider_error_that_echoes_the_key_is_stored_redacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider that refuses a request and echoes the key it was given: the error text is stored (the
+    request's error, the work's reason) with ``[redacted: NAME]`` in place of the key."""
+    key = "sk-echoed-key-0123456789"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    rules = [{"when": {"purpose": "work"}, "respond": {"error": {"status": 401, "message": f"invalid api key {key}"}}}]
+    rig = Rig(tmp_path, rules)
+    try:
+        wid = rig.send(rig.session({"mode": "bypass"}), "hello")
+        assert await rig.step()
+        (request,) = rig.rows("SELECT error FROM requests WHERE purpose = 'work'")
+        assert "invalid api key [redacted: OPENAI_API_KEY]" in request["error"]
+        assert "[redacted: OPENAI_API_KEY]" in str(rig.work(wid)["reason"])
+        with sqlite3.connect(rig.state / "control.db") as raw:  # every row of every table, as stored
+            tables = [t for (t,) in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            stored = repr([raw.execute(f'SELECT * FROM "{t}"').fetchall() for t in tables])
+        assert "invalid api key" in stored and key not in stored
+    finally:
+        rig.close()
+
+
+def _shell_rules(command: str) -> list[dict[str, Any]]:
+    return [{"when": {"purpose": "work", "last_tool_result_contains": "exit status"}, "respond": {"text": "ok"}},
+            {"when": {"purpose": "work"}, "respond": {"tool_calls": [{"name": "shell", "arguments": {"command": command}}]}}]
+
+
+async def test_a_cancelled_result_notes_the_redaction_on_its_item(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command stopped while its worker is gone is cancelled by the Coordinator: its result (the output
+    so far) is redacted and, like a committed result, says which credentials were hidden."""
+    monkeypatch.setenv("DEPLOY_TOKEN", "deploy-token-value")
+    rig = Rig(tmp_path, _shell_rules("echo $DEPLOY_TOKEN; sleep 60"))
+    rig.tool_env_allow = ["DEPLOY_TOKEN"]
+    try:
+        sid = rig.session({"mode": "bypass"})
+        wid = rig.send(sid, "go")
+        effect_dir = await rig.crash_after_spawn()
+        deadline = time.monotonic() + 10
+        while "deploy-token-value" not in "".join(p.read_text() for p in effect_dir.glob("*out*")):
+            assert time.monotonic() < deadline, "the command printed nothing"
+            await asyncio.sleep(0.05)
+        rig.tx(lambda tx: c.apply_control(tx, c.get_work(tx, wid), "stop", None))
+        await rig.recover()
+        await asyncio.gather(*rig.coordinator._cancelling.values())
+        [result] = [i for i in rig.items(sid) if i.kind == "tool_result"]
+        assert result.state == "cancelled"
+        assert "[redacted: DEPLOY_TOKEN]" in result.content and "deploy-token-value" not in result.content
+        assert result.meta["redacted"] == ["DEPLOY_TOKEN"]
+    finally:
+        rig.close()
+
+
+async def test_a_reconciled_late_receipt_notes_the_redaction_on_its_item(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command of an earlier boot whose receipt turns up late: the reconciliation item is redacted and
+    names what it hid."""
+    monkeypatch.setenv("DEPLOY_TOKEN", "deploy-token-value")
+    monkeypatch.setenv("JUPYTER_GOALS_BOOT_ID", "boot-1")
+    rig = Rig(tmp_path, _shell_rules("sleep 1; echo $DEPLOY_TOKEN"))
+    rig.tool_env_allow = ["DEPLOY_TOKEN"]
+    try:
+        sid = rig.session({"mode": "bypass"})
+        rig.send(sid, "go")
+        effect_dir = await rig.crash_after_spawn()
+        monkeypatch.setenv("JUPYTER_GOALS_BOOT_ID", "boot-2")  # the machine "restarted": the outcome is unknown
+        await rig.recover()
+        assert rig.rows("SELECT state FROM effects WHERE tool = 'shell'")[0]["state"] == "unknown"
+        deadline = time.monotonic() + 10
+        while not (effect_dir / "exit").exists():  # the old process finishes after all: a late receipt
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        assert (await rig.recover()).reconciled
+        [late] = [i for i in rig.items(sid) if i.kind == "reconciliation"]
+        assert "[redacted: DEPLOY_TOKEN]" in late.content and "deploy-token-value" not in late.content
+        assert late.meta["redacted"] == ["DEPLOY_TOKEN"] and late.meta["late_receipt"] is True
     finally:
         rig.close()
 

@@ -141,7 +141,8 @@ class ScriptedProvider:
             await asyncio.sleep(respond.delay_s)
         if respond.error is not None:
             status = int(respond.error.get("status", 500))
-            raise ProviderError(f"scripted provider error {status}", status=status)
+            message = respond.error.get("message")  # what the provider said (it may echo a key it refused)
+            raise ProviderError(f"scripted provider error {status}" + (f": {message}" if message else ""), status=status)
         chunks = respond.stream_chunks if respond.stream_chunks is not None else ([respond.text] if respond.text else [])
         for i, chunk in enumerate(chunks):
             if i and respond.chunk_delay_s:

@@ -314,8 +314,8 @@ class Coordinator:
                 cause = "stop" if eff["desired_state"] == DesiredState.CANCELLED else "tool"
                 try:
                     signalled = await cancel_shell(effect_dir, self.cancel_grace_s)
-                    text = self.redactor(cancelled_result_text(effect_dir, cause, signalled))
-                    await self.db.run(lambda tx: c.commit_cancelled(tx, eff, text))
+                    clean = self.redactor.redact(cancelled_result_text(effect_dir, cause, signalled))
+                    await self.db.run(lambda tx: c.commit_cancelled(tx, eff, clean.text, clean.names))
                 finally:
                     self._cancelling.pop(eff["effect_id"], None)
 
@@ -330,7 +330,10 @@ class Coordinator:
         done: list[str] = []
         for eff in rs.unknown_shell_effects(tx):
             text = shell_result_text(self.state_dir / "effects" / eff["effect_id"])
-            if text is not None and c.reconcile_effect(tx, eff, self.redactor(late_receipt_text(eff["call_id"], text))):
+            if text is None:
+                continue
+            clean = self.redactor.redact(late_receipt_text(eff["call_id"], text))
+            if c.reconcile_effect(tx, eff, clean.text, clean.names):
                 done.append(eff["call_id"])
         return done
 
@@ -446,7 +449,12 @@ class Coordinator:
             if d.action == Action.KEEP:
                 busy.add(sid)
             elif d.action == Action.CANCEL:
-                c.finish_cancelled(tx, work)
+                if rs.live_attempts_of(tx, work["work_id"]):
+                    # its worker cancels the running step and ends the turn itself (result, then the
+                    # stop marker, in that order); a dead worker's attempt ends when its death is charged
+                    busy.add(sid)
+                else:
+                    c.finish_cancelled(tx, work)
             elif d.action == Action.DONE:
                 c.set_phase(tx, work, Phase.DONE, ReasonCode.COMPLETED)
             elif d.action == Action.PAUSE:

@@ -445,11 +445,11 @@ class TurnRunner:
             await asyncio.sleep(CANCEL_POLL_S)
 
     async def _commit_cancelled(self, eff: Row, content: str) -> None:
-        clean = self.redactor(content)
+        clean = self.redactor.redact(content)
 
         def commit(tx: Tx) -> None:
             c.fence(tx, self.aid, self.gen)
-            c.commit_cancelled(tx, eff, clean)
+            c.commit_cancelled(tx, eff, clean.text, clean.names)
 
         await self.db.run(commit)
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from jupyter_goals.models import (
@@ -422,8 +423,16 @@ def finish_cancelled(tx: Tx, work: Row) -> None:
     for turn in turns:
         end_turn(tx, work, turn["turn_id"], TurnState.INTERRUPTED, "user_stopped")
     if turns:  # said in words where it happened (work stopped before it ever ran has no turn to end)
-        append_item(tx, work["session_id"], ItemKind.INTERRUPTION, "system",
-                    "Stopped by the person: this turn ended here; a command still running was terminated.",
+        # a command this stop terminated: a shell call still running (the Coordinator kills what no live
+        # worker owns) or one the stop itself cancelled (an earlier Cancel of that call alone sets
+        # cancel_requested_at); a planned call never started and a finished one was not terminated
+        terminated = any(tx.one(
+            "SELECT call_id FROM effects WHERE turn_id = ? AND ((state = 'dispatched' AND tool = 'shell')"
+            " OR (state = 'cancelled' AND cancel_requested_at IS NULL)) LIMIT 1", (turn["turn_id"],),
+        ) is not None for turn in turns)
+        text = "Stopped by you: this turn ended here" + (
+            "; a command still running was terminated." if terminated else ".")
+        append_item(tx, work["session_id"], ItemKind.INTERRUPTION, "system", text,
                     item_id=f"stopped:{work['work_id']}", work_id=work["work_id"], turn_id=turns[-1]["turn_id"],
                     meta={"reason_code": str(ReasonCode.USER_STOPPED)})
     set_phase(tx, work, Phase.CANCELLED, ReasonCode.USER_STOPPED)
@@ -895,11 +904,15 @@ def dispatched_call_of_tool(tx: Tx, work_id: str, tool: str) -> Row | None:
                   " ORDER BY seq DESC LIMIT 1", (work_id, tool))
 
 
-def reconcile_effect(tx: Tx, eff: Row, content: str) -> bool:
+def reconcile_effect(tx: Tx, eff: Row, content: str, redacted: Sequence[str] = ()) -> bool:
     """A late verifiable receipt for an ``unknown`` effect: ``reconciled`` plus one reconciliation
-    item (stable id ``reconcile:<call_id>``, so at most once). The old turn's items stay as they were."""
+    item (stable id ``reconcile:<call_id>``, so at most once). The old turn's items stay as they were.
+    ``redacted`` names the credentials hidden from ``content`` (the item's ``meta.redacted``)."""
+    meta: dict[str, Any] = {"effect_id": eff["effect_id"], "late_receipt": True}
+    if redacted:
+        meta["redacted"] = list(redacted)
     return _settle_effect(tx, eff, EffectState.UNKNOWN, EffectState.RECONCILED, content, ItemKind.RECONCILIATION,
-                          f"reconcile:{eff['call_id']}", {"effect_id": eff["effect_id"], "late_receipt": True})
+                          f"reconcile:{eff['call_id']}", meta)
 
 
 def _settle_effect(tx: Tx, eff: Row, before: EffectState, after: EffectState, content: str, kind: ItemKind,
@@ -962,10 +975,11 @@ TOOLS_TO_CANCEL_SQL = (
 )
 
 
-def commit_cancelled(tx: Tx, eff: Row, content: str) -> bool:
-    """A cancelled call's result (real exit status and the output so far), once; ``dispatched`` only."""
+def commit_cancelled(tx: Tx, eff: Row, content: str, redacted: Sequence[str] = ()) -> bool:
+    """A cancelled call's result (real exit status and the output so far), once; ``dispatched`` only.
+    ``redacted`` names the credentials hidden from ``content`` (the item's ``meta.redacted``)."""
     return _settle_effect(tx, eff, EffectState.DISPATCHED, EffectState.CANCELLED, content, ItemKind.TOOL_RESULT,
-                          f"result:{eff['call_id']}")
+                          f"result:{eff['call_id']}", {"redacted": list(redacted)} if redacted else None)
 
 
 def unknown_effects(tx: Tx, work_id: str) -> list[Row]:

@@ -1,6 +1,6 @@
 import { Notification } from '@jupyterlab/apputils';
 
-import { IGoalsEvent } from './api';
+import { IApproval, IGoalsEvent, requestGoalsAPI } from './api';
 import { sharedEventFeed } from './events';
 
 /** What a notification says and the key that makes it appear once. */
@@ -54,26 +54,49 @@ export function noticeFor(event: IGoalsEvent): INotice | null {
   }
 }
 
+/** The notice of an approval that is already pending (the same key as its `approval.requested` event). */
+export function noticeForPending(approval: IApproval): INotice {
+  return {
+    key: `approval:${approval.approval_id}`,
+    type: 'warning',
+    message: `Approval needed: a ${approval.tool || 'tool'} call waits for you.`,
+    sessionId: approval.session_id || null
+  };
+}
+
 /**
  * JupyterLab notifications (the notification center) for work that needs the person, each once
- * per key for the life of the page. `open` shows the session the notice is about.
+ * per key for the life of the page: approvals already pending when the page opens (read from
+ * `GET /approvals?state=pending`, since their events came before this page), then what the event
+ * feed reports. `open` shows the session the notice is about.
  */
 export function startNotifications(open: (sessionId: string) => void): () => void {
   const shown = new Set<string>();
+  const show = (notice: INotice | null): void => {
+    if (notice === null || shown.has(notice.key)) {
+      return;
+    }
+    shown.add(notice.key);
+    const sessionId = notice.sessionId;
+    const actions = sessionId
+      ? [{ label: 'Open', caption: 'Open the session', callback: () => open(sessionId) }]
+      : [];
+    // the toast steps aside after a while (it covers the composer's buttons); the notification
+    // center keeps it until dismissed
+    Notification.emit(notice.message, notice.type, { autoClose: notice.type === 'error' ? 15000 : 8000, actions });
+  };
+  requestGoalsAPI<{ approvals: IApproval[] }>('approvals?state=pending')
+    .then(answer => {
+      for (const approval of answer.approvals ?? []) {
+        if (approval.state === 'pending') {
+          show(noticeForPending(approval));
+        }
+      }
+    })
+    .catch(() => undefined); // the panel shows an unavailable server; the event feed still follows
   return sharedEventFeed().subscribe(events => {
     for (const event of events ?? []) {
-      const notice = noticeFor(event);
-      if (notice === null || shown.has(notice.key)) {
-        continue;
-      }
-      shown.add(notice.key);
-      const sessionId = notice.sessionId;
-      const actions = sessionId
-        ? [{ label: 'Open', caption: 'Open the session', callback: () => open(sessionId) }]
-        : [];
-      // the toast steps aside after a while (it covers the composer's buttons); the notification
-      // center keeps it until dismissed
-      Notification.emit(notice.message, notice.type, { autoClose: notice.type === 'error' ? 15000 : 8000, actions });
+      show(noticeFor(event));
     }
   });
 }

@@ -433,18 +433,33 @@ function compaction(item: ITranscriptItem): HTMLElement {
   return box;
 }
 
-/** The interruption marker in words; the server's own sentence is kept below it. */
+/**
+ * The interruption marker in words, from what the server recorded: a person's stop
+ * (`meta.reason_code`), a recovery (`meta.mode`), or neither (no cause is claimed). The server's own
+ * sentence is kept below it.
+ */
+export function interruptionWords(meta: ITranscriptItem['meta']): string {
+  const mode = String(meta?.mode ?? '');
+  const reason = String(meta?.reason_code ?? '');
+  if (reason === 'user_stopped') {
+    return 'Stopped by you.';
+  }
+  if (mode === 'new_turn') {
+    return "Interrupted by a server restart; the command's outcome is unknown. A new turn continues without running it again.";
+  }
+  if (mode === 'resume_checkpoint') {
+    return 'Interrupted by a server restart; the turn resumes from its last safe checkpoint (a command still running is reconnected, not restarted).';
+  }
+  return mode ? 'Interrupted by a server restart.' : 'Interrupted.';
+}
+
 function interruption(item: ITranscriptItem): HTMLElement {
   const mode = String(item.meta?.mode ?? '');
-  const words =
-    mode === 'new_turn'
-      ? "Interrupted by a server restart; the command's outcome is unknown. A new turn continues without running it again."
-      : mode === 'resume_checkpoint'
-        ? 'Interrupted by a server restart; the turn resumes from its last safe checkpoint (a command still running is reconnected, not restarted).'
-        : 'Interrupted by a server restart.';
+  const words = interruptionWords(item.meta);
   const box = el('div', 'jp-goals-interruption', undefined, 'goals-interruption');
   box.setAttribute('role', 'note');
   box.dataset.mode = mode;
+  box.dataset.reasonCode = String(item.meta?.reason_code ?? '');
   box.append(el('div', 'jp-goals-interruption-words', words), el('div', 'jp-goals-reason', item.content));
   return box;
 }
