@@ -81,13 +81,13 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_status(db)
         if args.command == "stop-all":
             stopped = db.transact(c.stop_all)
-            _wake_server(state)
+            _wake_server(state, control_url)
             print(f"Stopped {len(stopped)} work item(s)." if stopped else "Nothing was running.")
             return 0
         if args.command == "recover":
             code = asyncio.run(recover(db, server_config(state, control_url, usage_url), args.explain))
             if not args.explain:
-                _wake_server(state)
+                _wake_server(state, control_url)
             return code
     except StorageUnavailable as exc:
         print(f"error: storage unavailable: {exc}", file=sys.stderr)
@@ -97,9 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _wake_server(state: Path) -> None:
-    """A running server's admission loop decides at once about what this command changed."""
-    notifier = Notifier(state)
+def _wake_server(state: Path, control_url: str) -> None:
+    """A running server's admission loop (every host's, on PostgreSQL) decides at once about what this
+    command changed."""
+    notifier = Notifier(state, url=control_url)
     notifier.notify(ADMISSION)
     notifier.close()
 
@@ -199,7 +200,10 @@ def doctor(state: Path, control_url: str, usage_url: str, *, repair: bool = Fals
 def _sqlite_checks(db: Database, which: str, path: str) -> bool:
     """Integrity (``PRAGMA quick_check``) and whether another process holds the write lock."""
     ok = True
-    result = db.transact(quick_check, write=False)
+    try:
+        result = db.transact(quick_check, write=False)
+    except StorageUnavailable as exc:  # a page so damaged that the check itself stops on it
+        result = [str(exc)]
     if result == ["ok"]:
         print(f"{which}: integrity ok")
     else:
@@ -208,7 +212,7 @@ def _sqlite_checks(db: Database, which: str, path: str) -> bool:
         hint = (f"the newest backup is {backups[-1]} (made before a migration; later records are not in it)"
                 if backups else "there is no backup beside it")
         print(f"{which}: integrity FAILED: {'; '.join(result[:3])}. Keep the file; {hint}. "
-              "With the server stopped, `sqlite3 control.db .recover` can save what is readable.")
+              f"With the server stopped, `sqlite3 {Path(path).name} .recover` can save what is readable.")
     try:
         db.transact(lambda tx: None, lock_wait_ms=200)  # takes and releases the write lock, writes nothing
         print(f"{which}: write lock free")

@@ -78,8 +78,9 @@ class Worker:
         self.default_model = default_model
         self.registry = ToolRegistry(trusted_tools)
         self.safety_tick_s = safety_tick_s
-        self.wakeups = Listener(state_dir, ATTEMPTS, worker_id)  # admitted attempts, a stop, a finished task
-        self.notifier = Notifier(state_dir)
+        # admitted attempts, a stop, a finished task
+        self.wakeups = Listener(state_dir, ATTEMPTS, worker_id, url=control_url)
+        self.notifier = Notifier(state_dir, url=control_url)
         self.retry_base_s = retry_base_s
         self.generation = 0
         self.tasks: dict[asyncio.Task[None], TurnRunner] = {}

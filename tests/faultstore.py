@@ -3,8 +3,8 @@
 ``FaultyDatabase`` is a real :class:`~jupyter_goals.store.db.Database` (same constructor plus a
 ``plan``; a real SQLite file, real migrations, the real ``transact``): only its connection is wrapped,
 to see each ``BEGIN``, ``COMMIT`` and ``ROLLBACK``. A :class:`FaultPlan` names a store transition —
-``"<module>.<function>"`` of ``jupyter_goals.store`` (``control.mark_dispatched``,
-``usage.apply_receipt``, ``control.outbox_done``, ``recovery.charge_death``, …) — and how the commit
+``"<module>.<function>"`` of ``jupyter_goals.store`` (``effects.mark_dispatched``,
+``usage.apply_receipt``, ``requests.outbox_done``, ``recovery.charge_death``, …) — and how the commit
 of the next write transaction that reached it fails:
 
 - ``before_commit``: the commit is refused, the transaction rolls back, the caller gets

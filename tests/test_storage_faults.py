@@ -1,12 +1,15 @@
-"""Storage faults while work runs (issue 16): a disk that fills up mid-command, and a database whose
-write lock another process holds. Real servers and workers; the state dir on a real, small file system
-(a tmpfs mounted for the test) so that SQLite's commits really fail with "database or disk is full"."""
+"""Storage faults while work runs (issue 16): a disk that fills up mid-command, a database whose
+write lock another process holds, usage.db deleted and a page of control.db overwritten with garbage
+behind a running server's back. Real servers and workers; for the full disk the state dir is on a real,
+small file system (a tmpfs mounted for the test) so that SQLite's commits really fail with "database or
+disk is full"."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +58,13 @@ def fill(directory: Path) -> Path:
     st = os.statvfs(directory)
     assert st.f_bavail * st.f_frsize < 64 * 1024, "the test file system is not full"
     return filler
+
+
+def goals(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``jupyter goals <args>`` on ``state`` as a user runs it (as in test_cli.py)."""
+    jupyter = str(Path(sys.executable).parent / "jupyter")
+    return subprocess.run([jupyter, "goals", "--state-dir", str(state), *args], capture_output=True, text=True,
+                          timeout=120)
 
 
 def get(server: Any, path: str) -> httpx.Response:
@@ -134,3 +144,178 @@ def test_a_write_lock_held_by_another_process_gives_503_storage_locked_and_work_
         assert r.status_code == 202, r.text
         assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
         assert get(server, "health").json()["status"] == "ok"
+
+
+USAGE_RULES: list[dict[str, Any]] = [
+    {"when": {"purpose": "work"}, "respond": {"text": "hi", "usage": {"input_tokens": 7, "output_tokens": 3}}},
+]
+
+
+def ledger_on_disk(state: Path) -> list[tuple[str, str, int, int]]:
+    """(receipt_key, session_id, input, output) of every receipt in the usage.db now at its path."""
+    path = state / "usage.db"
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return [(str(k), str(s), int(i), int(o)) for k, s, i, o in conn.execute(
+            "SELECT receipt_key, session_id, input_tokens, output_tokens FROM receipts ORDER BY receipt_key")]
+    except sqlite3.Error:
+        return []
+    finally:
+        conn.close()
+
+
+def test_usage_db_deleted_while_the_server_runs_is_reopened_and_rebuilt_each_receipt_once(tmp_path: Path) -> None:
+    """usage.db (with its -wal and -shm) is deleted while the server runs. Its open connections would
+    keep writing receipts to the unlinked file, which nobody sees again. The server notices the file
+    at the path is gone, says so in health (``usage_db_missing``), opens the ledger again at its path
+    and rebuilds it from control.db's outbox: every receipt, the ones before the deletion and the
+    chat's after it, is counted exactly once, on disk and in GET /usage; health is ok with the repair
+    noted. A restart changes nothing."""
+    with server_env(tmp_path, USAGE_RULES) as env:
+        server = env["make"]().start()
+        cl = server.client()
+        sids = []
+        for n in range(2):
+            sid = str(cl.create_session(title=f"before {n}", cwd=str(env["root"]))["session"]["session_id"])
+            cl.send(sid, "hello", client_request_id=f"m{n}")
+            assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
+            sids.append(sid)
+        wait_for(lambda: len(ledger_on_disk(env["state"])) == 2, timeout=30, what="two receipts in the ledger")
+        assert get(server, "health").json()["databases"]["usage"]["ok"] is True
+        for suffix in ("", "-wal", "-shm"):
+            (env["state"] / f"usage.db{suffix}").unlink(missing_ok=True)
+        health = get(server, "health").json()  # said at once (unless the rebuild was even quicker)
+        if "repaired" not in health["databases"]["usage"]:
+            assert (health["status"], health["reason_code"]) == ("degraded", "usage_db_missing"), health
+            assert "rebuilt from control.db" in health["databases"]["usage"]["error"]["action"], health
+
+        # a chat that makes a model request after the deletion
+        sid = str(cl.create_session(title="after", cwd=str(env["root"]))["session"]["session_id"])
+        cl.send(sid, "hello", client_request_id="after")
+        assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
+        sids.append(sid)
+
+        def repaired() -> bool:
+            usage = get(server, "health").json()["databases"]["usage"]
+            return usage["ok"] is True and "repaired" in usage
+
+        wait_for(repaired, timeout=30, what="health to report the ledger rebuilt")
+        health = get(server, "health").json()
+        assert health["status"] == "ok", health
+        note = health["databases"]["usage"]["repaired"]
+        assert note["code"] == "usage_db_missing" and "deleted" in note["message"] and note["operations"] >= 2, note
+        assert "was deleted while the server ran" in server.log()
+
+        # every receipt control.db recorded is in the usage.db at the path, exactly once
+        receipts = db_rows(env["state"], "SELECT op_key FROM outbox WHERE kind = 'usage.receipt'")
+        requests = db_rows(env["state"], "SELECT request_id FROM requests")
+        wait_for(lambda: len(ledger_on_disk(env["state"])) >= len(receipts), timeout=30, what="the chat's receipt")
+        on_disk = ledger_on_disk(env["state"])
+        assert len(receipts) == len(requests) == 3
+        assert sorted(k for k, *_ in on_disk) == sorted(r["op_key"] for r in receipts)
+        assert sorted(s for _, s, *_ in on_disk) == sorted(sids)
+        for sid in sids:
+            usage = get(server, f"usage?session_id={sid}").json()
+            assert (usage["receipts"], usage["known_tokens"]["input"], usage["known_tokens"]["output"]) == (1, 7, 3), usage
+        assert not db_rows(env["state"], "SELECT op_key FROM outbox WHERE state != 'done'")
+
+        server.stop()
+        server.start()  # the next start finds the ledger whole: nothing applied again
+        assert len(ledger_on_disk(env["state"])) == 3
+        assert get(server, "health").json()["status"] == "ok"
+
+
+def checkpoint(db: Path) -> None:
+    """Copy every page in control.db's WAL into the file itself and empty the WAL (retried while a reader
+    of the running server holds an older snapshot), so that the file's pages are the ones read."""
+    conn = sqlite3.connect(db, isolation_level=None, timeout=0.2)
+
+    def done() -> bool:
+        try:
+            return bool(conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0)
+        except sqlite3.OperationalError:  # a writer of the server holds the lock this moment
+            return False
+
+    try:
+        wait_for(done, timeout=30, what="a full checkpoint of control.db")
+    finally:
+        conn.close()
+
+
+def table_pages(db: Path, table: str) -> list[int]:
+    """The pages of ``table`` and of its indexes (SQLite's dbstat)."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return [int(p) for (p,) in conn.execute(
+            "SELECT DISTINCT pageno FROM dbstat WHERE name IN (SELECT name FROM sqlite_master WHERE tbl_name = ?)",
+            (table,))]
+    finally:
+        conn.close()
+
+
+def write_pages(db: Path, pages: dict[int, bytes], page_size: int = 4096) -> None:
+    """Overwrite whole pages of the file behind the server's back, then commit a change of page 1 only
+    (``user_version``, unused): the WAL moves, so every open connection drops its page cache and
+    reads the pages from the file again."""
+    with db.open("r+b") as f:
+        for number, data in pages.items():
+            f.seek((number - 1) * page_size)
+            f.write(data)
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        conn.execute(f"PRAGMA user_version = {version + 1}")
+    finally:
+        conn.close()
+
+
+def test_a_control_db_page_corrupted_while_the_server_runs_gives_503_storage_corrupt_and_doctor_explains(
+    tmp_path: Path,
+) -> None:
+    """The pages of the sessions table are overwritten with garbage while the server runs. Listing the
+    sessions and posting a message answer 503 ``storage_corrupt`` with a JSON message naming the file
+    and `jupyter goals doctor` (not a 500); no message is half-written; health says ``degraded`` /
+    ``storage_corrupt`` with what to do (an empty transaction, which reads no page, does not make it
+    forget); ``doctor`` reports the integrity failure. Once the pages are whole again health checks
+    the file, is ok again and the same message is accepted."""
+    with server_env(tmp_path, RULES) as env:
+        server = env["make"]().start()
+        cl = server.client()
+        sid = str(cl.create_session(title="corrupt", cwd=str(env["root"]))["session"]["session_id"])
+        cl.send(sid, "hi", client_request_id="h")
+        assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
+        db = env["state"] / "control.db"
+        checkpoint(db)
+        pages = table_pages(db, "sessions")
+        assert pages and 1 not in pages
+        data = db.read_bytes()
+        original = {p: data[(p - 1) * 4096:p * 4096] for p in pages}
+        write_pages(db, {p: b"\xff" * 4096 for p in pages})
+
+        r = get(server, "sessions")
+        assert r.status_code == 503, r.text
+        body = r.json()
+        assert body["error"] == "storage_corrupt" and "control.db is damaged" in body["message"], body
+        assert "malformed" in body["message"] and "jupyter goals doctor" in body["message"]
+        r = post(server, f"sessions/{sid}/messages", {"text": "again", "client_request_id": "m2"})
+        assert r.status_code == 503 and r.json()["error"] == "storage_corrupt", r.text
+        assert not db_rows(env["state"], "SELECT 1 FROM messages WHERE client_request_id = 'm2'")  # nothing written
+
+        for _ in range(2):  # and again: the empty recheck of a read does not clear it
+            health = get(server, "health").json()
+            assert (health["status"], health["reason_code"]) == ("degraded", "storage_corrupt"), health
+            assert health["databases"]["control"]["ok"] is False
+            assert "jupyter goals doctor" in health["databases"]["control"]["error"]["action"]
+
+        told = goals(env["state"], "doctor")
+        assert told.returncode == 1 and "Traceback" not in told.stderr, told.stderr
+        assert "control: integrity FAILED" in told.stdout, told.stdout
+
+        write_pages(db, original)
+        wait_for(lambda: get(server, "health").json()["status"] == "ok", timeout=30, what="health ok again")
+        assert get(server, "sessions").status_code == 200
+        r = post(server, f"sessions/{sid}/messages", {"text": "again", "client_request_id": "m2"})
+        assert r.status_code == 202, r.text
+        assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"

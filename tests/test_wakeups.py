@@ -1,15 +1,23 @@
 """Event-driven wake-ups (issue 13 item 5), in-process on real SQLite files and real sockets: a pass
 that finds nothing to change reads only (no write lock, no commit); a notification reaches a listener
 of another ``Notifier`` at once; an idle worker opens no write transaction over many safety ticks,
-and a notification after an admission makes it claim with a safety tick far longer than the test."""
+and a notification after an admission makes it claim with a safety tick far longer than the test.
+
+On the real PostgreSQL server (the shared store of several hosts; each "host" here has a state dir of
+its own, so no socket connects them): ``NOTIFY`` from another process wakes a ``LISTEN``ing listener,
+a listener whose connection is killed listens again and wakes, and a worker woken by another host's
+admission claims at once, its attempt's end waking that host's admission loop."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import sqlite3
+import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,6 +30,7 @@ from jupyter_goals.store.db import Database, Tx
 from jupyter_goals.store.notify import ADMISSION, ATTEMPTS, Listener, Notifier
 from jupyter_goals.store.schema import migrate
 from jupyter_goals.worker import Worker
+from tests.storekit import PG_ADMIN_URL, Backend
 
 
 def control_db(tmp_path: Path) -> tuple[Database, str]:
@@ -154,3 +163,160 @@ async def test_a_listener_without_its_socket_still_wakes_on_its_tick(tmp_path: P
     listener.wake()
     assert await listener.wait(10) is True
     listener.close()
+
+
+# the PostgreSQL tests: only the conftest ``backend``'s PostgreSQL kind (a private schema in the database
+# `test`; in CI an unreachable server fails them, never skips)
+POSTGRESQL_ONLY = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+NOTIFY_FROM_ANOTHER_PROCESS = """
+import sys
+from jupyter_goals.store.notify import Notifier
+notifier = Notifier(sys.argv[1], url=sys.argv[2])
+assert notifier.notify(sys.argv[3]) == 0  # no listener shares this state dir: only NOTIFY reaches one
+notifier.close(flush_s=30)
+"""
+
+
+async def notify_from_another_host(state_dir: Path, url: str, channel: str) -> None:
+    """``Notifier.notify`` in a process of its own with a state dir of its own (another host)."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", NOTIFY_FROM_ANOTHER_PROCESS, str(state_dir),
+                                                url, channel)
+    assert await asyncio.wait_for(proc.wait(), 60) == 0
+
+
+def admin_rows(sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+
+
+async def listening_backend(application_name: str, other_than: object = None) -> object:
+    """The pid of the server process whose last statement was the listener's ``LISTEN``."""
+    deadline = time.monotonic() + 30
+    while True:
+        rows = await asyncio.to_thread(
+            admin_rows, "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND query LIKE 'LISTEN %%'",
+            (application_name,))
+        pids = [r[0] for r in rows if r[0] != other_than]
+        if pids:
+            assert len(pids) == 1
+            return pids[0]
+        assert time.monotonic() < deadline, f"no backend of {application_name} is listening"
+        await asyncio.sleep(0.05)
+
+
+
+@pytest.mark.postgres
+@POSTGRESQL_ONLY
+async def test_a_notify_from_another_host_wakes_a_postgresql_listener_at_once(backend: Backend, tmp_path: Path) -> None:
+    url = backend.url("control")
+    listener = Listener(tmp_path / "host-a", ADMISSION, f"server-{uuid.uuid4().hex[:8]}", url=url)
+    listener.start()
+    try:
+        # a safety tick far longer than the test: only a wake-up returns in time
+        assert await listener.wait(30) is True  # the wake after its LISTEN (anything missed before it is read)
+        assert listener.pg_listens == 1
+        await notify_from_another_host(tmp_path / "host-b", url, ADMISSION)
+        sent = time.monotonic()  # the other process exits once its NOTIFY is committed
+        assert await listener.wait(30) is True
+        assert time.monotonic() - sent < 1.0  # well under the 1 s default safety tick
+        assert listener.pg_listens == 1  # the same connection
+    finally:
+        listener.close()
+    await asyncio.sleep(0)  # the listening task ends and closes its connection
+    await listening_gone(f"jupyter_goals-listen-{listener.name}")
+
+
+@pytest.mark.postgres
+@POSTGRESQL_ONLY
+async def test_a_postgresql_listener_whose_connection_is_killed_listens_again_and_wakes(
+        backend: Backend, tmp_path: Path) -> None:
+    url = backend.url("control")
+    listener = Listener(tmp_path / "host-a", ATTEMPTS, f"w_{uuid.uuid4().hex[:8]}", url=url)
+    name = f"jupyter_goals-listen-{listener.name}"
+    notifier = Notifier(tmp_path / "host-b", url=url)  # another host's, in this process (its own connection)
+    listener.start()
+    try:
+        assert await listener.wait(30) is True
+        first = await listening_backend(name)
+        rows = await asyncio.to_thread(admin_rows, "SELECT pg_terminate_backend(%s)", (first,))
+        assert rows == [(True,)]
+        # the listener notices, connects again, LISTENs and wakes (what was notified meanwhile is read)
+        second = await listening_backend(name, other_than=first)
+        assert second != first
+        deadline = time.monotonic() + 30
+        while listener.pg_listens < 2:
+            assert time.monotonic() < deadline, "the listener did not listen again"
+            await asyncio.sleep(0.02)
+        assert await listener.wait(30) is True
+        # and a NOTIFY from another host reaches it on the new connection
+        assert notifier.notify(ATTEMPTS) == 0
+        sent = time.monotonic()
+        assert await listener.wait(30) is True
+        assert time.monotonic() - sent < 1.0
+        # the notifier's own connection killed too: its next send opens a new one
+        rows = await asyncio.to_thread(
+            admin_rows, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (f"jupyter_goals-notify-{os.getpid()}",))
+        assert len(rows) == 1
+        assert rows == [(True,)]
+        notifier.notify(ATTEMPTS)
+        assert await listener.wait(30) is True
+        assert listener.pg_listens == 2
+    finally:
+        listener.close()
+        notifier.close()
+    await listening_gone(name)
+
+
+async def listening_gone(application_name: str) -> None:
+    """A closed listener's connection ends (its task closes it)."""
+    deadline = time.monotonic() + 30
+    while await asyncio.to_thread(admin_rows, "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                                  (application_name,)):
+        assert time.monotonic() < deadline, f"{application_name} still connected after close()"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.postgres
+@POSTGRESQL_ONLY
+async def test_a_worker_woken_by_another_hosts_admission_claims_at_once(backend: Backend, tmp_path: Path) -> None:
+    db = backend.open("control", migrated="control")
+    url = backend.url("control")
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"rules": [], "default": {"text": "hello"}}))
+    model = f"scripted:{script}"
+    worker_id = f"w_{uuid.uuid4().hex[:8]}"
+    # host A runs the worker, with a safety tick far longer than the test; host B the admission
+    (tmp_path / "host-a").mkdir()
+    worker = Worker(worker_id, url, tmp_path / "host-a", capacity=2, heartbeat_s=3600, lease_ttl_s=7200,
+                    default_model=model, safety_tick_s=3600)
+    admission = Listener(tmp_path / "host-b", ADMISSION, "server-b", url=url)
+    admission.start()
+    notifier = Notifier(tmp_path / "host-b", url=url)
+    run = asyncio.create_task(worker.run())
+    try:
+        assert await admission.wait(30) is True  # listening
+        deadline = time.monotonic() + 30
+        while worker.wakeups.pg_listens < 1 or worker.wakeups._event.is_set():  # listening, its wake consumed
+            assert time.monotonic() < deadline and not run.done()
+            await asyncio.sleep(0.01)
+        session = db.transact(lambda tx: c.create_session(tx, "t", str(tmp_path), model, {"mode": "ask"}))
+        msg, _ = db.transact(lambda tx: c.accept_message(tx, c.get_session(tx, session["session_id"]), "hi", "r1",
+                                                         "queue", auto_recover=True, host=host_name()))
+        coordinator = Coordinator(db, state_dir=tmp_path / "host-b", default_model=model, registry=ToolRegistry())
+        assert (await coordinator.admit()).admitted == [msg["work_id"]]
+        assert notifier.notify(ATTEMPTS) == 0  # no socket of host A here: only NOTIFY reaches the worker
+        deadline = time.monotonic() + 20
+        while db.transact(lambda tx: c.get_work(tx, msg["work_id"]), write=False)["phase"] != "done":
+            assert time.monotonic() < deadline, "the turn did not run after the wake-up"
+            await asyncio.sleep(0.02)
+        attempt = db.transact(lambda tx: tx.one("SELECT worker_id, state FROM attempts"), write=False)
+        assert attempt == {"worker_id": worker_id, "state": "ended"}
+        assert await admission.wait(30) is True  # the attempt's end on host A woke host B's admission loop
+    finally:
+        worker.stop()
+        await asyncio.wait_for(run, 20)
+        admission.close()
+        notifier.close()

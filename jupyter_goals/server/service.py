@@ -1,7 +1,9 @@
 """GoalsService: the server-side facade the handlers call (stores, Coordinator, supervisor, outbox).
 
 Storage failures put the service in a degraded state (``storage_unavailable`` /
-``migration_failed``) instead of stopping the server; old files are never touched.
+``migration_failed``) instead of stopping the server; old files are never touched. While it runs,
+a damaged control.db is answered 503 ``storage_corrupt`` and named in health until it checks out
+again, and a usage.db deleted or replaced behind its back is reopened and rebuilt from control.db.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import logging
 import os
 import posixpath
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from jupyter_goals import budget as budgets
 from jupyter_goals import faults
@@ -51,9 +54,10 @@ from jupyter_goals.store.db import Database, MigrationFailed, Row, StorageUnavai
 from jupyter_goals.store.events import EventTail
 from jupyter_goals.store.notify import ADMISSION, ATTEMPTS, Listener, Notifier
 from jupyter_goals.store.outbox import OutboxDispatcher
-from jupyter_goals.store.schema import current_version, migrate
+from jupyter_goals.store.schema import current_version, migrate, quick_check
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Degraded(Exception):
@@ -105,13 +109,60 @@ def storage_action(code: str, url: str) -> str:
     if code == ReasonCode.STORAGE_LOCKED:
         return (f"Another process holds the write lock of {where} (an open sqlite3 shell or a backup?); "
                 "work continues by itself once it is released.")
+    if code == STORAGE_CORRUPT:
+        return (f"{where} is damaged: stop the server and run `jupyter goals doctor`, which checks the file and "
+                "names the newest backup; nothing is repaired or cleared by itself.")
     return f"{where} cannot be read or written: check the disk and its permissions; `jupyter goals doctor` explains more."
+
+
+STORAGE_CORRUPT = "storage_corrupt"
+USAGE_DB_MISSING = "usage_db_missing"
+# SQLite's words for a damaged file (SQLITE_CORRUPT, SQLITE_NOTADB)
+_CORRUPTION = ("malformed", "not a database", "corrupt")
+
+
+def is_corruption(message: str) -> bool:
+    text = message.lower()
+    return any(word in text for word in _CORRUPTION)
+
+
+class WatchedDatabase(Database):
+    """control.db as the server uses it: a transaction that meets a damaged file (a page of garbage,
+    a truncated file) fails 503 ``storage_corrupt`` naming the file and what to do, and the damage is
+    remembered (``corruption``) for health, which checks it again before it forgets it. Every user of
+    the database in this process (requests, the Coordinator, the outbox) goes through here."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.corruption: str | None = None
+
+    def transact(self, fn: Callable[[Tx], T], *, write: bool = True, probe: bool = False,
+                 lock_wait_ms: int | None = None) -> T:
+        try:
+            return super().transact(fn, write=write, probe=probe, lock_wait_ms=lock_wait_ms)
+        except StorageUnavailable as exc:
+            if exc.code == STORAGE_CORRUPT or not is_corruption(str(exc)):
+                raise
+            self.corruption = str(exc)
+            where = _redact(self.url).removeprefix("sqlite:///")
+            raise StorageUnavailable(
+                f"{where} is damaged ({exc}); nothing was changed. Stop the server and run `jupyter goals doctor`.",
+                STORAGE_CORRUPT) from exc
+
+
+def file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``; None when there is none (blocking: run off the loop)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 class GoalsService:
     def __init__(self, config: GoalsConfig) -> None:
         self.config = config
-        self.control = Database(config.control_db_url)
+        self.control = WatchedDatabase(config.control_db_url)
         self.usage = Database(config.usage_db_url)
         self.registry = ToolRegistry(config.trusted_tools)
         self.price_error: str | None = None
@@ -142,11 +193,18 @@ class GoalsService:
         self._usage_was_new = False  # usage.db held no schema at start: its ledger is rebuilt once ready
         self._usage_retry_at = 0.0
         self._ledger_published: str | None = None  # the ledger state last written to control.db
+        # usage.db's (device, inode) when it was opened: a different one (or none) at its path means the
+        # file was deleted or replaced while this server ran (its connections keep writing the old one)
+        self._usage_identity: tuple[int, int] | None = None
+        self._usage_checked_at = 0.0
+        self.usage_lost: dict[str, Any] | None = None  # the ledger being rebuilt after that (health)
+        self.usage_repaired: dict[str, Any] | None = None  # the last such rebuild, once done (health)
+        self._corruption_checked_at = 0.0
         self.last_recovery: dict[str, Any] = {}
         self.event_streams = 0  # open SSE streams of GET /events (health shows it)
-        # commits here call wake(); workers' and the CLI's arrive on the socket (store/notify.py)
-        self._wakeups = Listener(config.state_dir, ADMISSION, f"server-{os.getpid()}")
-        self._notifier = Notifier(config.state_dir)
+        # commits here call wake(); workers' and the CLI's arrive on the socket, other hosts' by NOTIFY (store/notify.py)
+        self._wakeups = Listener(config.state_dir, ADMISSION, f"server-{os.getpid()}", url=config.control_db_url)
+        self._notifier = Notifier(config.state_dir, url=config.control_db_url)
         self._next_due: float | None = None  # wall-clock time of the earliest backoff end seen
         self._tasks: list[asyncio.Task[None]] = []
         self._recover_lock = asyncio.Lock()
@@ -190,6 +248,40 @@ class GoalsService:
         if n:
             log.warning("usage ledger: the usage database was new while control.db had applied %s operations "
                         "to one; rebuilding the ledger from them (active-time intervals are not rebuilt)", n)
+        if self.usage_lost is not None:
+            self.usage_lost["operations"] = n
+
+    async def _usage_file_changed(self) -> str | None:
+        """Whether usage.db at its path is no longer the file this server's connections opened (deleted,
+        or replaced by another): a stat off the loop, compared with the identity recorded at open."""
+        path = self.usage.path
+        if path is None or self._usage_identity is None:
+            return None
+        now = await asyncio.to_thread(file_identity, path)
+        if now == self._usage_identity:
+            return None
+        what = "deleted" if now is None else "replaced by another file"
+        return (f"{path} was {what} while the server ran; receipts written since went to a file nobody sees. "
+                "The ledger is reopened and rebuilt from control.db's outbox, each receipt once.")
+
+    async def _watch_ledger(self, wrote: bool) -> None:
+        """On a slow tick (1 s) and right after receipts were written: a usage.db deleted or replaced is
+        closed, opened again at its path (created and migrated) and rebuilt from control.db's outbox (as
+        the next start would), each receipt once; health says so meanwhile. What went to the old file
+        is applied again too: every operation control.db marked done is queued again."""
+        now = time.monotonic()
+        if not self.usage_ready or not (wrote or now - self._usage_checked_at >= 1.0):
+            return
+        self._usage_checked_at = now
+        reason = await self._usage_file_changed()
+        if reason is None:
+            return
+        log.warning("usage ledger: %s", reason)
+        self.usage_lost = {"code": USAGE_DB_MISSING, "message": reason, "since": time.time(), "operations": None}
+        old, self.usage = self.usage, Database(self.config.usage_db_url)
+        self.outbox.usage = self.usage
+        self.usage_ready, self._usage_was_new, self._usage_retry_at, self._usage_identity = False, True, 0.0, None
+        await asyncio.to_thread(old.close)  # waits for a transaction still running on it
 
     async def _migrate_control(self) -> bool:
         try:
@@ -215,6 +307,8 @@ class GoalsService:
             self.usage_degraded = str(exc)
             self._usage_retry_at = time.monotonic() + 5.0
             return False
+        if self.usage.path is not None:  # the file its connections now hold open
+            self._usage_identity = await asyncio.to_thread(file_identity, self.usage.path)
         self.usage_ready = True
         return True
 
@@ -314,20 +408,33 @@ class GoalsService:
     async def _outbox_loop(self) -> None:
         while True:
             try:
+                await self._watch_ledger(wrote=False)
                 if not self.usage_ready and time.monotonic() >= self._usage_retry_at and await self._migrate_usage():
                     await self._rebuild_ledger()  # usage.db came back new: its ledger is rebuilt, once
                 if self.usage_ready:
-                    await self.outbox.dispatch_due()
+                    applied = await self.outbox.dispatch_due()
                     self.usage_degraded = self.outbox.last_error
+                    await self._watch_ledger(wrote=applied > 0)
+                    await self._ledger_rebuilt()
             except Exception as exc:
                 self.usage_degraded = str(exc)
             await self._publish_ledger_state()
             await asyncio.sleep(0.2)
 
+    async def _ledger_rebuilt(self) -> None:
+        """A rebuild after usage.db was lost ends when control.db has no operation left to apply."""
+        if self.usage_lost is None or not self.usage_ready or self.usage_lost["operations"] is None:
+            return
+        if await self.control.run(c.pending_outbox_count, write=False):
+            return
+        lost, self.usage_lost = self.usage_lost, None
+        self.usage_repaired = {**lost, "repaired_at": time.time()}
+        log.warning("usage ledger: rebuilt from control.db's outbox (%s operations applied again)", lost["operations"])
+
     async def _publish_ledger_state(self) -> None:
         """Tell hard-budget checks (workers, Coordinator) whether the usage ledger is being written:
         while it is not, paid admission under a hard budget waits with ``budget_unverifiable``."""
-        state = self.usage_degraded or ""
+        state = self.usage_degraded or (self.usage_lost or {}).get("message") or ""
         if not self.started or self.degraded is not None or state == self._ledger_published:
             return
         try:
@@ -350,9 +457,17 @@ class GoalsService:
         # unreadable file), rechecked now without writing: the state, the reason and what to do
         problems = await asyncio.to_thread(self.control.recheck) if self.control.problems else {}
         problem = problems.get("write") or problems.get("read")
+        corruption = await self._corruption_rechecked()
+        if corruption is not None:  # a damaged file outranks what an empty transaction could not see
+            problem = StorageUnavailable(corruption, STORAGE_CORRUPT)
+        lost = self.usage_lost
+        if lost is None and self.started and self.usage_ready:  # said at once; the outbox loop rebuilds it
+            reason = await self._usage_file_changed()
+            if reason is not None:
+                lost = {"code": USAGE_DB_MISSING, "message": reason}
         databases: dict[str, Any] = {
             "control": {"url": _redact(self.config.control_db_url), "ok": self.degraded is None and problem is None},
-            "usage": {"url": _redact(self.config.usage_db_url), "ok": self.usage_degraded is None},
+            "usage": {"url": _redact(self.config.usage_db_url), "ok": self.usage_degraded is None and lost is None},
         }
         if self.degraded is not None:
             databases["control"]["error"] = {"code": self.degraded.code.value, "message": str(self.degraded)}
@@ -361,11 +476,21 @@ class GoalsService:
                                              "action": storage_action(problem.code, self.config.control_db_url)}
         if self.usage_degraded:
             databases["usage"]["error"] = {"code": "storage_unavailable", "message": self.usage_degraded}
-        ok = self.degraded is None and problem is None and self.usage_degraded is None
+        elif lost is not None:
+            databases["usage"]["error"] = {
+                "code": lost["code"], "message": lost["message"],
+                "action": "Nothing to do: the ledger is being rebuilt from control.db by itself; usage totals are "
+                          "incomplete until then. Receipts are never counted twice."}
+        if self.usage_repaired is not None:
+            databases["usage"]["repaired"] = {k: self.usage_repaired[k] for k in ("code", "message", "operations",
+                                                                                  "since", "repaired_at")}
+        ok = self.degraded is None and problem is None and self.usage_degraded is None and lost is None
         status = "ok" if ok else "degraded"
         if self.degraded is None and not self.started:
             status = "starting"
         reason = self.degraded.code.value if self.degraded else (problem.code if problem is not None else "")
+        if not reason and lost is not None and not self.usage_degraded:
+            reason = lost["code"]
         return {
             "status": status,
             "reason_code": reason or ("" if self.started else "starting"),
@@ -377,6 +502,23 @@ class GoalsService:
             "host_name": host_name(),
             "boot_id": boot_id(),
         }
+
+    async def _corruption_rechecked(self) -> str | None:
+        """The damage a control.db transaction met, while it still holds: ``PRAGMA quick_check`` (at
+        most every 5 s, on the read connection) forgets it only once the file checks out again."""
+        if self.control.corruption is None:
+            return None
+        if time.monotonic() - self._corruption_checked_at >= 5.0:
+            self._corruption_checked_at = time.monotonic()
+            try:
+                found = await self.control.run(quick_check, write=False)
+            except StorageUnavailable as exc:
+                found = [str(exc.__cause__ or exc)]
+            if found == ["ok"]:
+                self.control.corruption = None
+            else:
+                self.control.corruption = "; ".join(found[:3])
+        return self.control.corruption
 
     async def create_session(self, body: CreateSession) -> dict[str, Any]:
         self.check()

@@ -70,6 +70,33 @@ class WouldWrite(Exception):
 _READS = ("SELECT", "WITH", "PRAGMA")
 
 
+def dialect_of(url: str) -> str:
+    """``postgresql`` for a PostgreSQL URL, else ``sqlite`` (as :class:`Database` reads it)."""
+    return "postgresql" if url.startswith(("postgresql://", "postgres://")) else "sqlite"
+
+
+# libpq options for a connection of its own beside the Database's (wake-ups, ``store/notify.py``): a
+# connect gives up after 5 s, and an idle connection notices a dead server or network within about
+# 25 s (TCP keepalives) and unacknowledged data within 10 s, so a lost connection is seen and redone.
+PG_SIDE_OPTIONS: dict[str, Any] = {"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 10,
+                                   "keepalives_interval": 5, "keepalives_count": 3, "tcp_user_timeout": 10000}
+
+
+def pg_connect(url: str, *, application_name: str) -> Any:
+    """A raw autocommit ``psycopg.Connection`` to a PostgreSQL URL (outside any transaction lane)."""
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True, application_name=application_name, **PG_SIDE_OPTIONS)
+
+
+async def pg_connect_async(url: str, *, application_name: str) -> Any:
+    """:func:`pg_connect` as a ``psycopg.AsyncConnection`` on the running loop (no thread)."""
+    import psycopg
+
+    return await psycopg.AsyncConnection.connect(url, autocommit=True, application_name=application_name,
+                                                 **PG_SIDE_OPTIONS)
+
+
 @functools.cache
 def _insert_sql(table: str, columns: tuple[str, ...], unique: str | None, returning: bool) -> str:
     on_conflict = f" ON CONFLICT ({unique}) DO NOTHING" if unique else ""

@@ -11,10 +11,16 @@ One host: each listener binds a UNIX datagram socket ``<state_dir>/wake/<channel
 sends one byte to every socket of the channel, without blocking (a full queue already holds a
 wake-up; a refused one belongs to a dead process and is removed). No polling, no shared state
 beyond the directory, nothing to clean up after a kill -9 that the next sender does not remove.
-The PostgreSQL shared store would implement the same two calls with ``NOTIFY jupyter_goals_<channel>``
-after the commit and ``LISTEN`` on a connection of its own, so listeners on other hosts wake too.
-"""
 
+Several hosts (the control store is PostgreSQL, ``url=`` a ``postgresql://`` URL): ``notify`` also
+sends ``NOTIFY jupyter_goals_<channel>`` (``pg_notify``) from a thread of its own on one connection
+kept between sends, so the caller never waits for the network; the listener also ``LISTEN``s on a
+connection of its own (``psycopg.AsyncConnection.notifies`` on its loop), so listeners on every host
+sharing the database wake. A lost connection is opened again (backoff 0.5 s to 30 s) and the
+listener wakes once after each ``LISTEN``, as whatever was notified while it did not listen is read
+then; a send that fails twice is dropped (a safety tick on the other hosts). The local socket stays:
+it wakes this host's listeners even while PostgreSQL is unreachable.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -23,12 +29,22 @@ import errno
 import logging
 import os
 import socket
+import threading
 from pathlib import Path
+from typing import Any
+
+from jupyter_goals.store.db import dialect_of, pg_connect, pg_connect_async
 
 log = logging.getLogger(__name__)
 
 ADMISSION = "admission"
 ATTEMPTS = "attempts"
+PG_CHANNEL_PREFIX = "jupyter_goals_"
+
+
+def pg_channel(channel: str) -> str:
+    """The PostgreSQL ``LISTEN`` / ``NOTIFY`` channel of a wake-up channel."""
+    return PG_CHANNEL_PREFIX + channel
 
 _MAX_PATH = 100  # sun_path holds 108 bytes; a longer state dir is reached through /proc/self/fd
 
@@ -54,15 +70,96 @@ class _WakeDir:
             self._fd = None
 
 
-class Notifier:
-    """Sends a wake-up to every listener of a channel on this host (after the commit)."""
+class _PgSender:
+    """``NOTIFY`` from a thread of its own: ``send`` only records the channel (repeated sends before the
+    thread runs are one), the thread sends on one connection, opened again once when it fails (an idle
+    connection the server dropped) and let go after a minute without sends."""
 
-    def __init__(self, state_dir: Path | str) -> None:
+    IDLE_S = 60.0
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._cond = threading.Condition()
+        self._pending: set[str] = set()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def send(self, channel: str) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._pending.add(channel)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="jupyter-goals-notify", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        conn: Any = None
+        try:
+            while True:
+                with self._cond:
+                    if not self._pending and not self._closed:
+                        self._cond.wait(self.IDLE_S)
+                    batch, self._pending = self._pending, set()
+                    closed = self._closed
+                if batch:
+                    conn = self._send(conn, sorted(batch))
+                elif closed:
+                    return
+                elif conn is not None:  # idle for a minute: let the connection go
+                    _close_quietly(conn)
+                    conn = None
+        finally:
+            _close_quietly(conn)
+
+    def _send(self, conn: Any, channels: list[str]) -> Any:
+        for attempt in range(2):
+            try:
+                if conn is None:
+                    conn = pg_connect(self._url, application_name=f"jupyter_goals-notify-{os.getpid()}")
+                conn.execute("SELECT " + ", ".join(["pg_notify(%s, '')"] * len(channels)),
+                             [pg_channel(ch) for ch in channels])
+                return conn
+            except Exception as exc:
+                _close_quietly(conn)
+                conn = None
+                if attempt:
+                    log.warning("wake-up of %s over PostgreSQL lost (%s); listeners on other hosts wake on their "
+                                "safety tick", ", ".join(channels), exc)
+        return conn
+
+    def close(self, flush_s: float) -> None:
+        """Send what is pending (waiting at most ``flush_s``), then end the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(flush_s)
+
+
+def _close_quietly(conn: Any) -> None:
+    if conn is not None:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+class Notifier:
+    """Sends a wake-up to every listener of a channel on this host (after the commit), and with a
+    PostgreSQL ``url`` (the control store's) to the listeners of every host through ``NOTIFY``."""
+
+    def __init__(self, state_dir: Path | str, *, url: str = "") -> None:
         self._dir = _WakeDir(state_dir)
         self._sock: socket.socket | None = None
+        self._pg = _PgSender(url) if url and dialect_of(url) == "postgresql" else None
 
     def notify(self, channel: str, *, exclude: str = "") -> int:
-        """Wake the channel's listeners (but ``exclude``); returns how many were reached. Never raises."""
+        """Wake the channel's listeners (but ``exclude``); returns how many on this host were reached.
+        Never raises, never waits for the network. ``NOTIFY`` reaches every listener of the channel,
+        ``exclude`` too (one read more)."""
+        if self._pg is not None:
+            self._pg.send(channel)
         try:
             names = [n for n in os.listdir(self._dir.path) if n.startswith(channel + ".") and n != exclude]
         except OSError:
@@ -87,7 +184,10 @@ class Notifier:
                     log.debug("wake-up of %s failed: %s", name, exc)
         return sent
 
-    def close(self) -> None:
+    def close(self, flush_s: float = 2.0) -> None:
+        """Close the socket; a ``NOTIFY`` still pending is sent first (waiting at most ``flush_s``)."""
+        if self._pg is not None:
+            self._pg.close(flush_s)
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -100,18 +200,28 @@ class Listener:
     Bind before the first read of what is due (``start``), then loop: read, ``await wait(tick)``.
     A wake-up sent while the read runs is queued in the socket, so none is missed. When the socket
     cannot be bound (no AF_UNIX, a read-only state dir) the listener still works: it wakes on
-    :meth:`wake` and on its timeout (the safety tick)."""
+    :meth:`wake` and on its timeout (the safety tick).
 
-    def __init__(self, state_dir: Path | str, channel: str, ident: str) -> None:
+    With a PostgreSQL ``url`` it also ``LISTEN``s on ``jupyter_goals_<channel>`` on a connection of its
+    own (application name ``jupyter_goals-listen-<name>``), opened again after a loss; it wakes once
+    after each ``LISTEN`` (``pg_listens`` counts them), since a ``NOTIFY`` sent before it is missed."""
+
+    def __init__(self, state_dir: Path | str, channel: str, ident: str, *, url: str = "") -> None:
         self.name = f"{channel}.{ident}"
+        self.channel = channel
         self._dir = _WakeDir(state_dir)
         self._sock: socket.socket | None = None
         self._event = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._url = url if url and dialect_of(url) == "postgresql" else ""
+        self._pg_task: asyncio.Task[None] | None = None
+        self.pg_listens = 0
 
     def start(self) -> None:
-        """Bind the socket and read it on the running loop."""
+        """Bind the socket and read it on the running loop; with PostgreSQL, start listening there too."""
         self._loop = asyncio.get_running_loop()
+        if self._url and self._pg_task is None:
+            self._pg_task = self._loop.create_task(self._listen_pg(), name=f"jupyter-goals-listen-{self.name}")
         try:
             self._dir.path.mkdir(parents=True, exist_ok=True)
             addr = self._dir.address(self.name)
@@ -125,6 +235,37 @@ class Listener:
             return
         self._sock = sock
         self._loop.add_reader(sock.fileno(), self._drain)
+
+    async def _listen_pg(self) -> None:
+        """``LISTEN`` on a connection of its own until closed; a lost connection is opened again."""
+        from psycopg import sql
+
+        delay, failing = 0.5, False
+        while True:
+            conn: Any = None
+            try:
+                conn = await pg_connect_async(self._url, application_name=f"jupyter_goals-listen-{self.name}")
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(pg_channel(self.channel))))
+                self.pg_listens += 1
+                if failing:
+                    log.info("wake-ups of %s over PostgreSQL listening again", self.name)
+                delay, failing = 0.5, False
+                self._event.set()  # what was notified while nothing listened is read now
+                async for _ in conn.notifies():
+                    self._event.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the connection was lost or refused: a wake-up may be late, never wrong
+                if not failing:
+                    log.warning("wake-ups of %s over PostgreSQL interrupted (%s); listening again in %.1f s, the "
+                                "safety tick meanwhile", self.name, exc, delay)
+                failing = True
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
 
     def _drain(self) -> None:
         assert self._sock is not None
@@ -147,6 +288,9 @@ class Listener:
         return woken
 
     def close(self) -> None:
+        if self._pg_task is not None:
+            self._pg_task.cancel()  # its connection is closed as the task ends
+            self._pg_task = None
         if self._sock is not None:
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.remove_reader(self._sock.fileno())

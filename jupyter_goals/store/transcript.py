@@ -1,0 +1,160 @@
+"""The transcript: append-only items per session (``append_item``: a given ``item_id`` is a stable repair
+key, inserted at most once), reads and keyset pages by ``seq`` (``transcript_page``), the reads a turn
+step makes of it (``last_item_of_turn``, ``response_has_calls``, ``last_reply``), and the
+``assistant.draft`` events of a streamed answer (never the transcript itself).
+
+Functions take a ``Tx`` and run inside the caller's single transaction; each state change writes its event
+row in the same transaction (``shared.emit``). Other aggregates are called through their module
+(``sessions.set_phase``), never imported by name, so a test's wrapper of a transition
+(``tests/faultstore.py``) sees every call. Callers outside ``store/`` use the facade ``control``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from jupyter_goals.models import ItemKind, TranscriptItem
+from jupyter_goals.store import shared
+from jupyter_goals.store.db import Row, Tx
+
+__all__ = [
+    "append_item",
+    "transcript",
+    "transcript_page",
+    "last_item_of_turn",
+    "response_has_calls",
+    "RESPONSE_CALLS_SQL",
+    "last_reply",
+    "emit_draft",
+]
+
+
+def append_item(
+    tx: Tx,
+    session_id: str,
+    kind: ItemKind,
+    role: str,
+    content: str = "",
+    *,
+    item_id: str | None = None,
+    work_id: str | None = None,
+    turn_id: str | None = None,
+    call_id: str | None = None,
+    provider_call_id: str | None = None,
+    response_id: str | None = None,
+    tool: str | None = None,
+    arguments: dict[str, Any] | None = None,
+    state: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> int | None:
+    """Append one transcript item; returns its seq. A given ``item_id`` is a stable repair key:
+    inserted at most once (``None`` when it was already there)."""
+    item_id = item_id or shared.new_id("itm")
+    seq = tx.insert_seq(
+        "transcript",
+        "transcript_seq",
+        ("item_id", "session_id", "work_id", "turn_id", "kind", "role", "content", "call_id", "provider_call_id",
+         "response_id", "tool", "arguments", "state", "meta", "created_at"),
+        (item_id, session_id, work_id, turn_id, str(kind), role, content, call_id, provider_call_id, response_id, tool,
+         None if arguments is None else shared.dumps(arguments), state, shared.dumps(meta or {}), time.time()),
+        unique="item_id",
+    )
+    if seq is None:
+        return None
+    shared.emit(
+        tx,
+        "transcript.item",
+        {"item_id": item_id, "seq": seq, "kind": str(kind), "call_id": call_id, "state": state},
+        session_id=session_id,
+        work_id=work_id,
+    )
+    return seq
+
+
+def _item(row: Row) -> TranscriptItem:
+    return TranscriptItem(
+        item_id=row["item_id"],
+        seq=row["seq"],
+        kind=ItemKind(row["kind"]),
+        role=row["role"],
+        content=row["content"],
+        call_id=row["call_id"],
+        provider_call_id=row["provider_call_id"],
+        response_id=row["response_id"],
+        tool=row["tool"],
+        arguments=None if row["arguments"] is None else json.loads(row["arguments"]),
+        state=row["state"],
+        turn_id=row["turn_id"],
+        work_id=row["work_id"],
+        meta=json.loads(row["meta"] or "{}"),
+    )
+
+
+def transcript(tx: Tx, session_id: str, after: int = 0, limit: int = 100000) -> list[TranscriptItem]:
+    rows = tx.all(
+        "SELECT * FROM transcript WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?", (session_id, after, limit)
+    )
+    return [_item(r) for r in rows]
+
+
+def transcript_page(tx: Tx, session_id: str, *, limit: int, after: int | None = None,
+                    before: int | None = None) -> dict[str, Any]:
+    """One page of a transcript in seq order: the ``limit`` items after ``after``, or the ``limit``
+    items just before ``before`` (``None`` for both: from the start). ``next_cursor`` (pass as
+    ``after``) / ``prev_cursor`` (pass as ``before``) are set while newer / older items exist. Index
+    seeks on (session_id, seq) only, so a page costs the same in a 20,000-item transcript."""
+    if before is not None:
+        rows = tx.all("SELECT * FROM transcript WHERE session_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
+                      (session_id, before, limit + 1))
+        older = len(rows) > limit
+        rows = rows[:limit][::-1]
+        newer = bool(rows) and _has_item(tx, session_id, ">", rows[-1]["seq"])
+    else:
+        rows = tx.all("SELECT * FROM transcript WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                      (session_id, after or 0, limit + 1))
+        newer = len(rows) > limit
+        rows = rows[:limit]
+        older = bool(rows) and _has_item(tx, session_id, "<", rows[0]["seq"])
+    items = [_item(r) for r in rows]
+    return {"items": [i.model_dump() for i in items],
+            "next_cursor": items[-1].seq if newer else None,
+            "prev_cursor": items[0].seq if older else None}
+
+
+def _has_item(tx: Tx, session_id: str, op: str, seq: int) -> bool:
+    return tx.one(f"SELECT seq FROM transcript WHERE session_id = ? AND seq {op} ? LIMIT 1", (session_id, seq)) is not None
+
+
+def last_item_of_turn(tx: Tx, turn_id: str) -> Row | None:
+    """The newest item of a turn that the model reads (its kind and response id). Markers (an
+    interruption, a notice, a compaction summary, a Goal record) never count: a worker that died right
+    after committing its final answer leaves an interruption marker behind it, and the resumed attempt
+    must finish the turn, not ask the model again."""
+    return tx.one("SELECT kind, response_id FROM transcript WHERE turn_id = ? AND kind NOT IN"
+                  " ('interruption', 'notice', 'compaction', 'goal_record') ORDER BY seq DESC LIMIT 1", (turn_id,))
+
+
+def response_has_calls(tx: Tx, response_id: str) -> bool:
+    return tx.one(RESPONSE_CALLS_SQL, (response_id,)) is not None
+
+
+RESPONSE_CALLS_SQL = "SELECT item_id FROM transcript WHERE response_id = ? AND kind = 'tool_call' LIMIT 1"
+
+
+def last_reply(tx: Tx, turn_id: str) -> str | None:
+    """The text of a turn's newest assistant message."""
+    row = tx.one("SELECT content FROM transcript WHERE turn_id = ? AND kind = 'assistant' ORDER BY seq DESC LIMIT 1",
+                 (turn_id,))
+    return None if row is None else str(row["content"])
+
+
+# --------------------------------------------------------------------------- drafts (events only, never the transcript)
+
+
+def emit_draft(tx: Tx, session_id: str, work_id: str, request_id: str, text: str) -> None:
+    """The text streamed so far for a request, for open views only (``assistant.draft``, whole text each
+    time); the answer itself is committed with its receipt, never from drafts."""
+    shared.emit(tx, "assistant.draft", {"request_id": request_id, "text": text, "full": True}, session_id=session_id,
+         work_id=work_id)
