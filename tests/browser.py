@@ -37,7 +37,7 @@ import pytest
 from tests.servers import write_script
 
 if TYPE_CHECKING:  # playwright is imported lazily so that a missing browser can skip cleanly
-    from playwright.sync_api import Browser, ConsoleMessage, Page
+    from playwright.sync_api import Browser, ConsoleMessage, Locator, Page
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LABEXTENSION_NAME = "jupyter-goals"
@@ -441,3 +441,59 @@ def asking_model(tmp: Path) -> str:
     """Asks to write a.txt (an approval in ask mode), then answers once the tool ran."""
     return write_script(tmp / "ask.json", [{"when": {"last_tool_result_contains": ""}, "respond": {"text": "written"}}],
                         default={"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}]})
+
+
+# --------------------------------------------------------------------------- the front door (issue 12)
+
+
+def session_view(lab: LabPage, session_id: str | None = None) -> Locator:
+    selector = '[data-testid="goals-session-view"]'
+    if session_id:
+        selector += f'[data-session-id="{session_id}"]'
+    return lab.page.locator(selector)
+
+
+def new_chat_from_panel(lab: LabPage, title: str, *, mode: str = "ask", allow: str = "", model: str = "") -> str:
+    """Click "New chat" in the Goals panel, fill the form, create; returns the new session's id."""
+    lab.open_goals_sidebar()
+    lab.page.get_by_role("button", name="New chat", exact=True).click()
+    dialog = lab.page.get_by_role("dialog")
+    dialog.get_by_label("Title").fill(title)
+    if model:
+        dialog.get_by_label("Model").select_option(model)
+    dialog.get_by_label("Permission mode").select_option(mode)
+    if allow:
+        dialog.get_by_label("Allowed tools (comma separated)").fill(allow)
+    dialog.get_by_role("button", name="Create").click()
+    view = lab.page.locator('[data-testid="goals-session-view"]').filter(
+        has=lab.page.get_by_role("heading", name=title)
+    )
+    view.wait_for(timeout=20_000)
+    session_id = view.get_attribute("data-session-id")
+    assert session_id
+    return session_id
+
+
+def send(view: Locator, text: str) -> None:
+    box = view.get_by_role("textbox", name="Message")
+    box.fill(text)
+    box.press("Enter")
+
+
+def effect_events(server: LabServer, session_id: str, state: str) -> list[dict[str, Any]]:
+    """The durable event log's `effect.state` records of one session in one state."""
+    page = api(server, "GET", "events?format=json&after=0&limit=5000")
+    return [
+        e
+        for e in page["events"]
+        if e["kind"] == "effect.state" and e["session_id"] == session_id and e["payload"].get("state") == state
+    ]
+
+
+def transcript(server: LabServer, session_id: str) -> list[dict[str, Any]]:
+    return list(api(server, "GET", f"sessions/{session_id}?after=0&limit=5000")["transcript"]["items"])
+
+
+def item(view: Locator, kind: str, text: str = "") -> Locator:
+    found = view.locator(f'[data-testid="goals-item"][data-kind="{kind}"]')
+    return found.filter(has_text=text) if text else found

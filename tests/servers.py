@@ -100,7 +100,7 @@ class ServerProcess:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-6000:]}")
             try:
                 r = httpx.get(f"{self.url}api/goals/health", headers={"Authorization": f"token {self.token}"}, timeout=2)
                 if r.status_code == 200 and r.json().get("workers"):
@@ -108,14 +108,16 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise TimeoutError(f"server not ready:\n{self.log()}")
+        raise TimeoutError(f"server not ready:\n{self.log()[-6000:]}")
 
     def client(self) -> GoalsClient:
         return GoalsClient(self.url, self.token)
 
     def log(self) -> str:
+        """The server's whole log (with its workers'): evidence read from it must not depend on how much
+        else was logged since; callers that show it cut it themselves."""
         try:
-            return self.log_path.read_text(errors="replace")[-6000:]
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
 

@@ -20,75 +20,29 @@ from jupyter_goals.effect_files import group_members
 from .browser import (
     REPO_ROOT,
     LabPage,
-    LabServer,
     api,
+    effect_events,
     goals_ready,
+    item,
     jp_asyncio_loop,  # noqa: F401 - Playwright keeps its own loop (see there)
+    new_chat_from_panel,
     require_chromium,
     run_jupyter_lab,
+    send,
+    session_view,
+    transcript,
     wait_until,
 )
 from .servers import running_shell
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Locator
+    from playwright.sync_api import Browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 require_chromium()
 
 IMAGES = REPO_ROOT / "docs" / "images"
-
-
-def session_view(lab: LabPage, session_id: str | None = None) -> Locator:
-    selector = '[data-testid="goals-session-view"]'
-    if session_id:
-        selector += f'[data-session-id="{session_id}"]'
-    return lab.page.locator(selector)
-
-
-def new_chat_from_panel(lab: LabPage, title: str, *, mode: str = "ask", allow: str = "") -> str:
-    """Click "New chat" in the Goals panel, fill the form, create; returns the new session's id."""
-    lab.open_goals_sidebar()
-    lab.page.get_by_role("button", name="New chat", exact=True).click()
-    dialog = lab.page.get_by_role("dialog")
-    dialog.get_by_label("Title").fill(title)
-    dialog.get_by_label("Permission mode").select_option(mode)
-    if allow:
-        dialog.get_by_label("Allowed tools (comma separated)").fill(allow)
-    dialog.get_by_role("button", name="Create").click()
-    view = lab.page.locator('[data-testid="goals-session-view"]').filter(
-        has=lab.page.get_by_role("heading", name=title)
-    )
-    view.wait_for(timeout=20_000)
-    session_id = view.get_attribute("data-session-id")
-    assert session_id
-    return session_id
-
-
-def send(view: Locator, text: str) -> None:
-    box = view.get_by_role("textbox", name="Message")
-    box.fill(text)
-    box.press("Enter")
-
-
-def effect_events(server: LabServer, session_id: str, state: str) -> list[dict[str, Any]]:
-    """The durable event log's `effect.state` records of one session in one state."""
-    page = api(server, "GET", "events?format=json&after=0&limit=5000")
-    return [
-        e
-        for e in page["events"]
-        if e["kind"] == "effect.state" and e["session_id"] == session_id and e["payload"].get("state") == state
-    ]
-
-
-def transcript(server: LabServer, session_id: str) -> list[dict[str, Any]]:
-    return list(api(server, "GET", f"sessions/{session_id}?after=0&limit=5000")["transcript"]["items"])
-
-
-def item(view: Locator, kind: str, text: str = "") -> Locator:
-    found = view.locator(f'[data-testid="goals-item"][data-kind="{kind}"]')
-    return found.filter(has_text=text) if text else found
 
 
 SEEN_AT = """(text) => {

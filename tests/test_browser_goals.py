@@ -8,7 +8,6 @@ updates) and the notebook's id-only MIME outputs rendered live from REST. Setup 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +26,7 @@ from .browser import (
 from .servers import write_script
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Locator
+    from playwright.sync_api import Browser, Locator, Request, Route
 
 GOAL_MIME = "application/vnd.jupyter-goals.goal+json"
 HISTORY_MIME = "application/vnd.jupyter-goals.history+json"
@@ -94,8 +93,37 @@ def test_sidebar_goal_panel_pause_resume_conflict_approvals_and_history(browser:
 
             # A stale action: the events feed is cut, the Goal is edited elsewhere (revision 2), then
             # Resume (still at revision 1) is clicked: the 409 is shown and the view re-read.
-            lab.page.route("**/api/goals/events*", lambda route: route.abort())
-            time.sleep(1.5)
+            # Cut for real: new requests to the feed are refused, and the open stream breaks when the
+            # browser goes offline; wait for that break, for two reconnects the route refused (the second
+            # after the feed's backoff, so a view re-read due to an event that came just before the cut
+            # has started) and for the views' reads in flight to finish.
+            refused: list[str] = []
+            reading: set[Request] = set()
+
+            def refuse(route: Route) -> None:
+                refused.append(route.request.url)
+                route.abort()
+
+            def events_request(request: Request) -> bool:
+                return "/api/goals/events" in request.url
+
+            def started(request: Request) -> None:
+                if "/api/goals/" in request.url and not events_request(request):
+                    reading.add(request)
+
+            def ended(request: Request) -> None:
+                reading.discard(request)
+
+            lab.page.on("request", started)
+            lab.page.on("requestfinished", ended)
+            lab.page.on("requestfailed", ended)
+            lab.page.route("**/api/goals/events*", refuse)
+            with lab.page.expect_event("requestfailed", predicate=events_request, timeout=10_000):
+                lab.page.context.set_offline(True)
+            lab.page.context.set_offline(False)
+            lab.page.wait_for_event("requestfailed", predicate=lambda r: events_request(r) and len(refused) >= 2,
+                                    timeout=10_000)
+            wait_until(lambda: lab.page.evaluate("() => true") and not reading, "the views' reads to finish")
             api(server, "PATCH", f"goals/{gid}", {"expected_revision": 1, "objective": "Write report.md, edited"})
             button(lab, "goals-goal-resume").click()
             lab.wait_for_text("goals-action-error", "Conflict (409)")

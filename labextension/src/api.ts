@@ -186,6 +186,8 @@ export interface IRecovery {
 export interface IMessageAccepted {
   message_id: string;
   work_id: string;
+  /** How the server delivers it (a `queue` sent during a recovery becomes `steer`). */
+  delivery?: 'queue' | 'steer';
 }
 
 /** One entry of `GET /api/goals/events?format=json`. */

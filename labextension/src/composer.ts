@@ -28,8 +28,8 @@ const TERMINAL_GOAL_STATES = new Set(['achieved', 'cancelled']);
 const MAX_RETRY_MS = 10000;
 
 export interface IComposerHost {
-  /** The transcript shows the user item of this accepted message. */
-  isAcknowledged(accepted: IMessageAccepted): boolean;
+  /** The transcript holds the item with this id (`input:<work>`, `steer:<message>`). */
+  showsItem(itemId: string): boolean;
   /** A message or Goal was accepted: re-read the session. */
   onSent(): void;
   /** A Goal action (Verify, End) from the composer's Goal line. */
@@ -45,6 +45,8 @@ interface IOutgoing {
   state: OutgoingState;
   detail: string;
   accepted: IMessageAccepted | null;
+  /** Accepted into work whose turn already runs: only its `steer:` item acknowledges it. */
+  joined: boolean;
   attempts: number;
 }
 
@@ -156,7 +158,7 @@ export class Composer {
 
   prune(): void {
     const before = this._items.length;
-    this._items = this._items.filter(m => !(m.accepted && this._host.isAcknowledged(m.accepted)));
+    this._items = this._items.filter(m => !this._acknowledged(m));
     if (this._items.length !== before) {
       this._renderOutbox();
     }
@@ -176,6 +178,7 @@ export class Composer {
       state: 'sending',
       detail: '',
       accepted: null,
+      joined: false,
       attempts: 0
     };
     this._draftId = null;
@@ -238,6 +241,11 @@ export class Composer {
           this._settings
         );
         message.accepted = accepted;
+        // a steer into running work: the work's own input is already in the transcript, so only the
+        // message's `steer:` item (at the turn's next step) shows it arrived
+        message.joined =
+          (accepted.delivery ?? message.delivery) === 'steer' &&
+          this._host.showsItem(`input:${accepted.work_id}`);
         message.state = 'accepted';
         message.detail = '';
         this._renderOutbox();
@@ -259,6 +267,18 @@ export class Composer {
         await new Promise<void>(resolve => this._timers.push(window.setTimeout(resolve, wait)));
       }
     }
+  }
+
+  /** The transcript shows this accepted message: its `steer:` item, or the `input:` item of the work it started. */
+  private _acknowledged(message: IOutgoing): boolean {
+    const accepted = message.accepted;
+    if (accepted === null) {
+      return false;
+    }
+    if (this._host.showsItem(`steer:${accepted.message_id}`)) {
+      return true;
+    }
+    return !message.joined && this._host.showsItem(`input:${accepted.work_id}`);
   }
 
   /** Messages not yet acknowledged survive a page reload: kept in localStorage, resent with their id. */
@@ -302,6 +322,7 @@ export class Composer {
         state: 'sending',
         detail: '',
         accepted: null,
+        joined: false,
         attempts: 0
       };
       this._items.push(message);
@@ -322,7 +343,7 @@ export class Composer {
           : message.state === 'retrying'
             ? `sending… (${message.detail}; retrying)`
             : message.state === 'accepted'
-              ? message.delivery === 'steer'
+              ? message.joined
                 ? 'accepted; joins the running turn at its next step'
                 : 'accepted; waiting for its turn'
               : `not sent: ${message.detail}`;

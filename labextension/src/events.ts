@@ -88,6 +88,9 @@ export class EventFeed {
   private async _run(): Promise<void> {
     this._running = true;
     this._cursor = null; // a new run starts with a resync
+    // back online: reconnect now instead of after the rest of the backoff
+    const onOnline = (): void => this.nudge();
+    window.addEventListener('online', onOnline);
     let streamBroken = 0;
     let goodPolls = 0;
     try {
@@ -128,6 +131,7 @@ export class EventFeed {
         }
       }
     } finally {
+      window.removeEventListener('online', onOnline);
       this._running = false;
       this._mode = 'idle';
       this._abort = null;
@@ -155,10 +159,30 @@ export class EventFeed {
     }
   }
 
-  /** Follow the SSE stream from the cursor until it ends; events go to listeners as they arrive. */
+  /**
+   * Follow the SSE stream from the cursor until it ends; events go to listeners as they arrive. When
+   * the browser goes offline the stream is cut (a connection that silently died would otherwise wait
+   * for bytes forever) and the feed reconnects from its cursor as after any broken stream.
+   */
   private async _stream(): Promise<void> {
     const abort = new AbortController();
     this._abort = abort;
+    let offline = false;
+    const onOffline = (): void => {
+      offline = true;
+      abort.abort();
+    };
+    window.addEventListener('offline', onOffline);
+    try {
+      await this._follow(abort, () => offline);
+    } finally {
+      window.removeEventListener('offline', onOffline);
+    }
+  }
+
+  /** The stream itself; `offline()` tells a cut by going offline (a break) from unsubscribing (a stop). */
+  private async _follow(abort: AbortController, offline: () => boolean): Promise<void> {
+    const stopped = (): boolean => abort.signal.aborted && !offline();
     const url = URLExt.join(this._settings.baseUrl, 'api/goals/events') + `?after=${this._cursor ?? 0}`;
     let response: Response;
     try {
@@ -173,7 +197,7 @@ export class EventFeed {
         this._settings
       );
     } catch (error) {
-      if (abort.signal.aborted) {
+      if (stopped()) {
         return;
       }
       throw new StreamClosed(String(error)); // the server is not there: back off and catch up
@@ -210,15 +234,15 @@ export class EventFeed {
         }
       }
     } catch (error) {
-      if (abort.signal.aborted) {
+      if (stopped()) {
         return;
       }
       throw new StreamClosed(String(error));
     } finally {
       reader.cancel().catch(() => undefined);
     }
-    if (!abort.signal.aborted) {
-      throw new StreamClosed('the event stream ended');
+    if (!stopped()) {
+      throw new StreamClosed(offline() ? 'the browser went offline' : 'the event stream ended');
     }
   }
 

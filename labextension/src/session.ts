@@ -81,9 +81,7 @@ export class SessionView extends Widget {
     this._draft.hidden = true;
     this._draft.setAttribute('aria-live', 'polite');
     this._composer = new Composer(sessionId, this._settings, {
-      isAcknowledged: (accepted) =>
-        this._transcript.hasItem(`input:${accepted.work_id}`) ||
-        this._transcript.hasItem(`steer:${accepted.message_id}`),
+      showsItem: itemId => this._transcript.hasItem(itemId),
       onSent: () => this._refreshSoon(),
       onGoalAction: (path, body) => this._act(path, body)
     });

@@ -343,7 +343,8 @@ export class TranscriptList {
     );
     box.dataset.callId = item.call_id ?? '';
     box.dataset.state = state;
-    if (state === 'dispatched' && item.call_id) {
+    if (state === 'dispatched' && item.call_id && item.tool === 'shell') {
+      // only a shell command has a process group to end; other calls finish by themselves (409)
       const callId = item.call_id;
       top.append(
         button('Cancel', 'goals-call-cancel', () => this._callbacks.cancelCall(callId),
