@@ -244,11 +244,11 @@ def breakdown(root: Path, n: int) -> dict[str, Any]:
             return getattr(self.conn, name)
 
     batch = effects[100 : 100 + n]
-    goals.db._conn = TimedConn(gconn)
+    goals.db._writer.conn = TimedConn(gconn)  # type: ignore[assignment]
     t0 = time.perf_counter()
     asyncio.run(goals.run(batch))
     total = time.perf_counter() - t0
-    goals.db._conn = gconn
+    goals.db._writer.conn = gconn
     stmts = {f"{k}  (x{counts[k] / n:g})": v / n * 1e6 for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
     stmts["python outside SQL"] = total / n * 1e6 - sum(stmts.values())
     stmts["total per call (instrumented)"] = total / n * 1e6

@@ -39,8 +39,14 @@ class ToolContext:
     cwd: str
     effects_root: Path
     effect_id: str
-    # the tool process's whole environment (secrecy.tool_environment); None = the base allow-list only
-    env: dict[str, str] | None = None
+    # what a tool process may see beyond the base allow-list (the server's and the session's names or globs)
+    env_allow: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def env(self) -> dict[str, str]:
+        """The tool process's whole environment (``secrecy.tool_environment``), built when a tool starts a
+        process (reading the worker's whole environment per call costs more than a read-only tool)."""
+        return tool_environment(os.environ, self.env_allow, self.cwd)
 
     @property
     def effect_dir(self) -> Path:
@@ -201,7 +207,7 @@ async def shell(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         'read -r _; ( eval "$JG_COMMAND" ) > "$JG_DIR/stdout" 2> "$JG_DIR/stderr" < /dev/null; '
         'echo $? > "$JG_DIR/exit.tmp"; mv "$JG_DIR/exit.tmp" "$JG_DIR/exit"'
     )
-    base = ctx.env if ctx.env is not None else tool_environment(os.environ, (), ctx.cwd)
+    base = ctx.env
     # JG_TOOL_EFFECT marks the process tree as a tool's: the REST layer refuses approvals and permission
     # changes from it (server/callers.py)
     env = {**base, "JG_COMMAND": str(args.get("command", "")), "JG_DIR": str(d), "JG_TOOL_EFFECT": ctx.effect_id}

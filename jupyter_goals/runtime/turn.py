@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Sequence
@@ -55,7 +54,7 @@ from jupyter_goals.runtime.tools import (
     trusted_probe,
     trusted_state_tool,
 )
-from jupyter_goals.secrecy import Redactor, tool_environment
+from jupyter_goals.secrecy import Redactor
 from jupyter_goals.store import control as c
 from jupyter_goals.store import waits
 from jupyter_goals.store.db import Database, FencedError, Row, Tx
@@ -336,9 +335,9 @@ class TurnRunner:
 
     # ------------------------------------------------------------------ tools
     def _spec_and_ctx(self, eff: Row, env_allow: Sequence[str] = ()) -> tuple[ToolSpec | None, ToolContext]:
-        env = tool_environment(os.environ, [*self.tool_env_allow, *env_allow], self.cwd)
         return self.registry.get(eff["tool"]), ToolContext(
-            cwd=self.cwd, effects_root=self.effects_root, effect_id=eff["effect_id"], env=env
+            cwd=self.cwd, effects_root=self.effects_root, effect_id=eff["effect_id"],
+            env_allow=(*self.tool_env_allow, *env_allow),
         )
 
     def _runnable(self, work: Row) -> bool:
