@@ -323,3 +323,158 @@ def test_a_control_db_page_corrupted_while_the_server_runs_gives_503_storage_cor
         r = post(server, f"sessions/{sid}/messages", {"text": "again", "client_request_id": "m2"})
         assert r.status_code == 202, r.text
         assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
+
+
+def old_control_db(path: Path, version: int, rows: int) -> None:
+    """control.db at schema ``version`` (the shipped migrations up to it, as an older release left it),
+    holding a session with ``rows`` events and transcript items: the tables the next migration rewrites."""
+    from jupyter_goals.store import schema
+    from jupyter_goals.store.db import Database
+
+    db = Database(f"sqlite:///{path}")
+    saved = schema.MIGRATIONS["control"]
+    schema.MIGRATIONS["control"] = [m for m in saved if m[0] <= version]
+    try:
+        assert schema.migrate(db, "control") == version
+    finally:
+        schema.MIGRATIONS["control"] = saved
+        db.close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO sessions (session_id, title, cwd, model, permissions, created_at, updated_at)"
+                     " VALUES ('s-old', 'from an older release', '/', 'scripted', '{\"mode\": \"ask\"}', 1, 1)")
+        pad = "x" * 400
+        for i in range(1, rows + 1):
+            conn.execute("INSERT INTO events (seq, ts, session_id, work_id, kind, payload) VALUES (?, ?, 's-old', NULL,"
+                         " 'session.updated', ?)", (i, float(i), f'{{"n": {i}, "pad": "{pad}"}}'))
+            conn.execute("INSERT INTO transcript (item_id, seq, session_id, kind, role, content, created_at)"
+                         " VALUES (?, ?, 's-old', 'user', 'user', ?, ?)", (f"item-{i:06d}", i, f"message {i} {pad}", float(i)))
+        conn.execute("UPDATE counters SET value = ? WHERE name IN ('event_seq', 'transcript_seq')", (rows,))
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+
+
+def table_columns_of(path: Path) -> dict[str, list[str]]:
+    conn = sqlite3.connect(path)
+    try:
+        tables = [str(t) for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {t: [str(r[1]) for r in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
+    finally:
+        conn.close()
+
+
+def table_digests(path: Path) -> dict[str, tuple[int, str]]:
+    """(row count, sha256 of every row in order) of each table and of the schema itself (sqlite_master),
+    read with sqlite3 as an operator would."""
+    import hashlib
+
+    conn = sqlite3.connect(path)
+    try:
+        digests = {}
+        for table, cols in {**table_columns_of(path), "sqlite_master": ["type", "name", "tbl_name", "sql"]}.items():
+            rows = conn.execute(f"SELECT {', '.join(cols)} FROM {table} ORDER BY {', '.join(cols)}").fetchall()
+            digests[table] = (len(rows), hashlib.sha256(repr(rows).encode()).hexdigest())
+        return digests
+    finally:
+        conn.close()
+
+
+def table_rows(path: Path, columns: dict[str, list[str]] | None = None) -> dict[str, set[tuple[Any, ...]]]:
+    """Every row of each table (of ``columns`` only, when given: what an older schema held)."""
+    conn = sqlite3.connect(path)
+    try:
+        if columns is None:
+            tables = [str(t) for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            columns = {t: [str(r[1]) for r in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
+        return {t: set(conn.execute(f"SELECT {', '.join(cols)} FROM {t}")) for t, cols in columns.items()}
+    finally:
+        conn.close()
+
+
+def test_a_migration_that_runs_out_of_space_half_way_changes_nothing_says_why_and_completes_once_space_is_freed(
+    tmp_path: Path, small_state_fs: Path
+) -> None:
+    """A control.db left at schema v1 by an older release holds a long history; the next migration
+    (v2) copies its events and transcript into new tables. The file system is filled so that the
+    migration's backup fits but the rewrite does not: SQLite fails half way with "database or disk is
+    full". The server stays up: health says ``degraded`` / ``migration_failed`` with a message naming
+    the full file system and how much to free, and what to do; requests answer 503 with a JSON reason;
+    the file is still v1 with every row (no half-written table); the failed try gave its backup back.
+    It tries again by itself: once the filler is deleted the migration completes, every old row is
+    there, exactly one backup is kept, and a chat works end to end."""
+    from jupyter_goals.store import schema
+
+    with server_env(tmp_path, RULES) as env:
+        state = env["state"]
+        assert state == small_state_fs
+        db = state / "control.db"
+        old_control_db(db, 1, rows=10_000)
+        before = table_digests(db)
+        old_rows = table_rows(db)
+        v1_columns = {t: [str(c) for c in cols] for t, cols in table_columns_of(db).items()}
+        size = db.stat().st_size
+        assert size > 6 * 1024 * 1024, size
+        filler = fill(small_state_fs)
+        os.truncate(filler, filler.stat().st_size - (size + size // 2))  # room for the backup, not the rewrite
+
+        server = env["make"]().start(wait=False)
+
+        def settled() -> dict[str, Any] | None:
+            try:
+                r = get(server, "health")
+            except httpx.HTTPError:
+                return None
+            body = r.json() if r.status_code == 200 else {}
+            return body if body.get("status") not in (None, "starting") else None
+
+        wait_for(lambda: settled() is not None, timeout=60, what="the server to finish its first migration try")
+        health = get(server, "health").json()
+        assert (health["status"], health["reason_code"]) == ("degraded", "migration_failed"), health
+        error = health["databases"]["control"]["error"]
+        assert error["code"] == "migration_failed" and health["databases"]["control"]["ok"] is False
+        assert "no space left in migration v2" in error["message"], error  # half way: its backup was written
+        assert "database or disk is full" in error["message"], error
+        assert "still schema v1" in error["message"] and "Free about" in error["message"], error
+        assert "Free space on the file system" in error["action"] and "tried again by itself" in error["action"]
+        for r in (get(server, "sessions"), post(server, "sessions", {"title": "while full"})):
+            assert r.status_code == 503, r.text
+            assert r.json()["error"] == "migration_failed" and "no space left" in r.json()["message"], r.text
+
+        # nothing half-written: v1, every row of every table as it was, no table of the rewrite left
+        assert db_rows(state, "SELECT MAX(version) AS v FROM schema_migrations") == [{"v": 1}]
+        assert table_digests(db) == before
+        assert db_rows(state, "PRAGMA integrity_check") == [{"integrity_check": "ok"}]
+        # it tries again by itself (durable evidence: the log), and a failed try keeps no backup
+        wait_for(lambda: "control migration tried again, still no space left" in server.log(), timeout=30,
+                 what="a second migration try while the disk is full")
+        assert db_rows(state, "SELECT MAX(version) AS v FROM schema_migrations") == [{"v": 1}]
+        assert table_digests(db) == before
+
+        filler.unlink()
+        (small_state_fs / "filler-tail").unlink()
+        server.wait_ready(timeout=90)
+        health = get(server, "health").json()
+        assert (health["status"], health["reason_code"]) == ("ok", ""), health
+        newest = schema.CONTROL_MIGRATIONS[-1][0]
+        assert [r["version"] for r in db_rows(state, "SELECT version FROM schema_migrations ORDER BY version")] == list(
+            range(1, newest + 1))
+        now = table_rows(db, v1_columns)
+        # v2 drops the two log counters (the logs take their seq from the rowid); every other row is there
+        gone = {("event_seq", 10_000), ("transcript_seq", 10_000)}
+        assert old_rows["counters"] - now["counters"] == gone
+        for table, rows in old_rows.items():
+            if table != "counters":
+                assert rows <= now[table], (table, len(rows - now[table]))
+        assert sum(len(rows) for rows in old_rows.values()) > 20_000
+        assert len(list(state.glob("control.db.v1.*.bak"))) == 1  # the completed migration's backup only
+
+        cl = server.client()
+        sid = str(cl.create_session(title="after", cwd=str(env["root"]))["session"]["session_id"])
+        cl.send(sid, "hi", client_request_id="h")
+        snap = cl.wait(sid, timeout=60)
+        assert snap["work"]["phase"] == "done", snap["work"]
+        assert [i["content"] for i in snap["transcript"]["items"] if i["kind"] == "assistant"] == ["hello"]
+        assert int(db_rows(state, "SELECT COUNT(*) AS n FROM transcript WHERE session_id = 's-old'")[0]["n"]) == 10_000

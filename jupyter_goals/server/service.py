@@ -187,6 +187,7 @@ class GoalsService:
         self.event_tail = EventTail(self.control)
         self.supervisor: Supervisor | None = None
         self.degraded: Degraded | None = None
+        self.migration_full = False  # the control migration found no space left: tried again by itself
         self.usage_degraded: str | None = None
         self.started = False  # the schema is migrated (or the store is degraded)
         self.usage_ready = False  # usage.db is migrated; until then receipts wait in the outbox
@@ -224,8 +225,10 @@ class GoalsService:
         if not migrated:
             log.error("jupyter_goals degraded: %s", self.degraded)
             self.started = True
-            if self.degraded is not None and self.degraded.code == ReasonCode.STORAGE_UNAVAILABLE:
-                # a locked or briefly unreadable file heals by itself; a schema problem needs a person
+            if self.degraded is not None and (self.degraded.code == ReasonCode.STORAGE_UNAVAILABLE
+                                              or self.migration_full):
+                # a locked or briefly unreadable file, or a full disk, heals by itself; a schema problem
+                # needs a person
                 self._tasks.append(asyncio.create_task(self._retry_start()))
             return
         await self._run()
@@ -288,10 +291,12 @@ class GoalsService:
             await asyncio.to_thread(migrate, self.control, "control")
         except MigrationFailed as exc:
             self.degraded = Degraded(ReasonCode.MIGRATION_FAILED, str(exc))
+            self.migration_full = exc.code == ReasonCode.STORAGE_FULL
         except StorageUnavailable as exc:
             self.degraded = Degraded(ReasonCode.STORAGE_UNAVAILABLE, str(exc))
         else:
             self.degraded = None
+            self.migration_full = False
         return self.degraded is None
 
     async def _migrate_usage(self) -> bool:
@@ -321,6 +326,13 @@ class GoalsService:
                 log.info("jupyter_goals: control store readable again; starting")
                 await self._run()
                 return
+            if self.degraded is not None and self.degraded.code == ReasonCode.MIGRATION_FAILED \
+                    and not self.migration_full:
+                log.error("jupyter_goals degraded: %s", self.degraded)  # a broken migration: a person acts
+                return
+            if self.migration_full:
+                log.warning("jupyter_goals: control migration tried again, still no space left; next try in %.0f s",
+                            delay)
 
     async def _run(self) -> None:
         self.started = True  # input and controls sent during recovery are accepted and win over old continuations
@@ -471,6 +483,10 @@ class GoalsService:
         }
         if self.degraded is not None:
             databases["control"]["error"] = {"code": self.degraded.code.value, "message": str(self.degraded)}
+            if self.migration_full:
+                databases["control"]["error"]["action"] = (
+                    storage_action(ReasonCode.STORAGE_FULL, self.config.control_db_url).split(";")[0]
+                    + "; the migration is tried again by itself and nothing recorded is changed until it succeeds.")
         elif problem is not None:
             databases["control"]["error"] = {"code": problem.code, "message": str(problem),
                                              "action": storage_action(problem.code, self.config.control_db_url)}

@@ -48,7 +48,13 @@ def storage_code(message: str) -> str:
 
 
 class MigrationFailed(Exception):
-    """The schema could not be migrated (broken migration, or a schema newer than the code)."""
+    """The schema could not be migrated (broken migration, or a schema newer than the code). ``code``:
+    ``storage_full`` when the file system had no room for the migration or its backup (nothing was
+    changed; it can succeed once space is freed), else ``migration_failed`` (a person must act)."""
+
+    def __init__(self, message: str, code: str = "migration_failed") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class FencedError(Exception):

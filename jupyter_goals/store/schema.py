@@ -3,16 +3,19 @@
 Each migration is portable SQL (SQLite and PostgreSQL): ``BIGINT``, ``DOUBLE PRECISION`` and
 ``TEXT`` only; JSON is stored as TEXT. Applied versions are recorded in ``schema_migrations``.
 A schema newer than the code, or a migration that fails, raises ``MigrationFailed`` and leaves the
-database as it was (the migration runs in one transaction; SQLite files are backed up first).
+database as it was (the migration runs in one transaction; SQLite files are backed up first). One
+that finds no space left (for its backup or its rewrite) says how much to free, and gives back the
+space it took (its backup, the WAL's rolled-back frames): ``MigrationFailed.code`` ``storage_full``.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import time
 
-from jupyter_goals.store.db import Database, MigrationFailed, StorageUnavailable, Tx
+from jupyter_goals.store.db import Database, MigrationFailed, StorageUnavailable, Tx, storage_code
 
 Migration = tuple[int, str, "str | dict[str, str]"]  # SQL, or SQL per dialect
 
@@ -330,9 +333,48 @@ def backup_sqlite(path: str, version: int) -> str | None:
             src.backup(dst)
         finally:
             dst.close()
+    except BaseException:  # a partial copy (no space left for it) is no backup: it only holds the space
+        _remove(dest)
+        raise
     finally:
         src.close()
     return dest
+
+
+def _remove(path: str | None) -> None:
+    if path:
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            try:
+                os.unlink(path + suffix)
+            except OSError:
+                pass
+
+
+def _out_of_space(db: Database, which: str, version: int, newest: int, step: str,
+                  exc: BaseException) -> MigrationFailed:
+    """A migration (or its backup) that found no room left on the file system: nothing was changed, and
+    it is tried again once there is room. Says how much about: a copy for the backup and the size
+    of the database again for the tables a migration rewrites (written to the WAL before commit)."""
+    assert db.path is not None
+    size = os.path.getsize(db.path) if os.path.exists(db.path) else 0
+    need_mb = max(1, 2 * size // (1024 * 1024) + 1)
+    return MigrationFailed(
+        f"{which} database {db.path} could not be migrated from schema v{version} to v{newest}: the file system "
+        f"that holds it has no space left {step} ({exc}). Nothing was changed: it is still schema v{version} with every "
+        f"record. Free about {need_mb} MB there (a backup copy and the tables the migration rewrites); the "
+        "migration is tried again by itself.", "storage_full")
+
+
+def _truncate_wal(path: str) -> None:
+    """Give back the space the WAL frames of a rolled-back transaction hold (best effort)."""
+    try:
+        conn = sqlite3.connect(path, timeout=0.2)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        pass
 
 
 def _storage_fault(exc: BaseException) -> bool:
@@ -362,8 +404,14 @@ def migrate(db: Database, which: str) -> int:
         raise MigrationFailed(f"{which} database schema v{version} is newer than this code (v{newest})")
     if version == newest:
         return version
+    backup: str | None = None
     if db.dialect == "sqlite" and version > 0 and db.path:
-        backup_sqlite(db.path, version)
+        try:
+            backup = backup_sqlite(db.path, version)
+        except (sqlite3.Error, OSError) as exc:
+            if storage_code(str(exc)) == "storage_full" or getattr(exc, "errno", None) == errno.ENOSPC:
+                raise _out_of_space(db, which, version, newest, "for its backup", exc) from exc
+            raise
 
     def apply(tx: Tx) -> int:
         if current_version(tx) == 0:
@@ -382,6 +430,8 @@ def migrate(db: Database, which: str) -> int:
                     (number, name, time.time()),
                 )
             except Exception as exc:
+                if db.path and storage_code(str(exc)) == "storage_full":  # SQLITE_FULL: rolled back whole
+                    raise _out_of_space(db, which, version, newest, f"in migration v{number} ({name})", exc) from exc
                 if _storage_fault(exc):
                     raise
                 # a failing statement is a broken migration, not an unreadable database (db.transact
@@ -391,7 +441,14 @@ def migrate(db: Database, which: str) -> int:
 
     try:
         return db.transact(apply)
-    except (StorageUnavailable, MigrationFailed):
+    except MigrationFailed as exc:
+        if exc.code == "storage_full" and db.path:
+            # the database is as it was: its backup and the WAL's rolled-back frames only hold the space
+            # (each later try would leave one more backup behind)
+            _remove(backup)
+            _truncate_wal(db.path)
+        raise
+    except StorageUnavailable:
         raise
     except Exception as exc:
         raise MigrationFailed(f"{which} migration failed: {exc}") from exc
