@@ -214,8 +214,11 @@ def test_sqlite_connections_use_wal_full_sync_and_a_busy_timeout(tmp_path: Path,
 def test_a_writer_polls_for_the_write_lock_until_the_busy_timeout_and_gets_it_once_freed(tmp_path: Path) -> None:
     """Our own wait for the write lock (``Database._begin_immediate``, short polls instead of SQLite's
     backoff; the latency it buys is measured by bench/long_session.py, not here) keeps SQLite's
-    contract: it fails with "database is locked" only after the busy timeout, commits once the lock is
-    freed, and statements inside the transaction run under the configured busy timeout again."""
+    contract: it fails with "database is locked" only after the busy timeout and commits once the lock is
+    freed. The WAL write connection stays at ``busy_timeout=0`` (no PRAGMA per transaction): nothing
+    inside a transaction that holds the write lock waits (a reader holding an old snapshot across more
+    commits than the automatic checkpoint's threshold fails no write), and an inline read on that
+    connection still waits as readers do. A rollback-journal connection keeps its busy timeout."""
     path = tmp_path / "control.db"
     db = Database(f"sqlite:///{path}", inline=True, busy_timeout_ms=300)
     db.transact(lambda tx: tx.execute("CREATE TABLE t (v INTEGER)"))
@@ -232,11 +235,27 @@ def test_a_writer_polls_for_the_write_lock_until_the_busy_timeout_and_gets_it_on
         release.start()
         inside = db.transact(lambda tx: (tx.execute("INSERT INTO t VALUES (2)"), tx.scalar("PRAGMA busy_timeout"))[1])
         release.join()
-        assert time.monotonic() >= released_after and int(inside) == 20000
+        assert time.monotonic() >= released_after and int(inside) == 0
+        assert db.transact(lambda tx: tx.scalar("PRAGMA busy_timeout"), write=False) == 20000
+        assert db.transact(lambda tx: tx.scalar("PRAGMA busy_timeout")) == 0
         assert [r["v"] for r in db.transact(lambda tx: tx.all("SELECT v FROM t"), write=False)] == [2]
+        holder.execute("BEGIN")
+        assert holder.execute("SELECT count(*) FROM t").fetchone()[0] == 1  # an old snapshot, held open
+        for n in range(1200):  # > wal_autocheckpoint's 1000 pages: checkpoints run past the reader
+            db.transact(lambda tx, n=n: tx.execute("INSERT INTO t VALUES (?)", (n + 10,)))
+        assert holder.execute("SELECT count(*) FROM t").fetchone()[0] == 1
+        holder.execute("COMMIT")
+        assert db.transact(lambda tx: tx.scalar("SELECT count(*) FROM t"), write=False) == 1201
     finally:
         holder.close()
         db.close()
+    journal = sqlite3.connect(tmp_path / "rollback.db", isolation_level=None, timeout=5)
+    try:
+        journal.execute("PRAGMA journal_mode=DELETE")
+        assert Database._polls_for_lock(journal) is False
+        assert journal.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+    finally:
+        journal.close()
 
 
 # --------------------------------------------------------------------------- events
@@ -255,7 +274,11 @@ def test_new_ids_are_time_ordered_and_unique() -> None:
 
 def test_a_step_reads_only_the_open_calls_of_its_turn_through_a_partial_index(backend: Backend) -> None:
     """Issue 14: the next step of a turn with many settled calls reads its planned and dispatched calls
-    only, in order, and (SQLite) through the partial index ``effects_open``, not the whole turn."""
+    only, in order, and (SQLite) through the partial index ``effects_open``, not the whole turn. Settling
+    leaves a call listed (its commit moves no index entry); a step's tidy read unlists the settled calls
+    once ``UNLIST_AFTER`` are listed, so a step reads at most that many settled calls."""
+    from jupyter_goals.store.effects import UNLIST_AFTER
+
     db = backend.open("control", migrated="control")
 
     def plan(tx: Tx) -> None:
@@ -265,7 +288,7 @@ def test_a_step_reads_only_the_open_calls_of_its_turn_through_a_partial_index(ba
                         impl_identity="x", impl_digest="d", seq=n)
         for eff in tx.all("SELECT * FROM effects WHERE seq < 297"):
             c.set_effect_state(tx, eff, EffectState.COMMITTED, "ok")
-        c.set_effect_state(tx, tx.one("SELECT * FROM effects WHERE seq = 297") or {}, EffectState.DISPATCHED)
+        c.mark_dispatched(tx, tx.one("SELECT * FROM effects WHERE seq = 297") or {}, "att-1")
         c.plan_call(tx, work, "turn-2", "other", "read_file", {}, capability="read_only", impl_identity="x",
                     impl_digest="d", seq=400)
 
@@ -274,6 +297,20 @@ def test_a_step_reads_only_the_open_calls_of_its_turn_through_a_partial_index(ba
     assert [(e["call_id"], e["state"]) for e in got] == [("call-297", "dispatched"), ("call-298", "planned"),
                                                         ("call-299", "planned")]
     assert got[1]["arguments"] == {"path": "298.txt"}
+
+    def listed(tx: Tx) -> list[str]:
+        return [r["call_id"] for r in tx.all(c.OPEN_EFFECTS_SQL, ("turn-1",))]
+
+    assert len(db.transact(listed, write=False)) == 300  # settling moved no index entry
+    tidied = db.transact(lambda tx: c.open_effects_of_turn(tx, "turn-1", tidy=True))
+    assert tidied == got
+    assert db.transact(listed, write=False) == ["call-297", "call-298", "call-299"]
+    # below the batch size a tidy read leaves settled calls listed (no write per step)
+    db.transact(lambda tx: c.set_effect_state(tx, tx.one("SELECT * FROM effects WHERE call_id = 'call-297'") or {},
+                                              EffectState.COMMITTED, "ok"))
+    assert [e["call_id"] for e in db.transact(lambda tx: c.open_effects_of_turn(tx, "turn-1", tidy=True))] == [
+        "call-298", "call-299"]
+    assert len(db.transact(listed, write=False)) == 3 and UNLIST_AFTER > 1
     if backend.kind == "sqlite":
         plan_rows = db.transact(lambda tx: tx.all("EXPLAIN QUERY PLAN " + c.OPEN_EFFECTS_SQL, ("turn-1",)), write=False)
         assert any("effects_open" in str(r.get("detail")) for r in plan_rows), plan_rows
@@ -380,6 +417,31 @@ def test_write_fenced_with_a_dead_generation_raises_and_changes_nothing(backend:
         db.transact(lambda tx: fenced_write(tx, "written by a zombie"))
     assert db.transact(state, write=False) == before
     assert "written by a zombie" not in [i["content"] for i in before["transcript"]]
+    # the worker's per-call fence (with the work's run state, one statement) refuses it too
+    with pytest.raises(FencedError):
+        db.transact(lambda tx: c.fence_with_run_state(tx, attempt["attempt_id"], 1))
+
+
+def test_the_per_call_fence_answers_the_work_run_state_of_a_live_attempt(backend: Backend) -> None:
+    """What a worker reads before each tool call (``fence_with_run_state``): the fence, plus whether the
+    work still wants to run at the control version it was admitted under and its permission scope."""
+    db = backend.open("control", migrated="control")
+
+    def start_attempt(tx: Tx) -> dict[str, Any]:
+        _, work = new_chat(tx)
+        generation = c.register_worker(tx, "wkr_one", "host-a", "boot-1", 4242, None, 10.0)
+        c.admit(tx, work, mode="fresh", turn_id=None)
+        attempt = c.claim_attempt(tx, "wkr_one", generation)
+        assert attempt is not None
+        return attempt
+
+    attempt = db.transact(start_attempt)
+    run = db.transact(lambda tx: c.fence_with_run_state(tx, attempt["attempt_id"], 1))
+    work = db.transact(lambda tx: c.get_work(tx, attempt["work_id"]), write=False)
+    assert run == {k: work[k] for k in ("desired_state", "control_version", "permission_scope")}
+    assert run["desired_state"] == "run" and int(run["control_version"]) == int(attempt["control_version"])
+    with pytest.raises(FencedError):  # another generation of the same worker id
+        db.transact(lambda tx: c.fence_with_run_state(tx, attempt["attempt_id"], 2))
 
 
 # --------------------------------------------------------------------------- admission and input

@@ -9,6 +9,7 @@ one. Commit order per call: ``dispatched`` before the side effect begins, the re
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -50,7 +51,6 @@ from jupyter_goals.runtime.tools import (
     ToolContext,
     ToolRegistry,
     ToolResult,
-    ToolSpec,
     trusted_probe,
     trusted_state_tool,
 )
@@ -76,6 +76,14 @@ COMPACTION_PROMPT = (
     " their outcomes (say which outcomes are unknown), and what remains to do."
 )
 COMPACTION_REQUEST = "Summarize the conversation above for the agent that continues it."
+
+
+@functools.lru_cache(maxsize=64)
+def _env_allow(permission_scope: str | None) -> tuple[str, ...]:
+    """The environment names a work item's permission scope lets its tools see (parsed once per
+    distinct scope: a worker reads the scope before every call)."""
+    scope = json.loads(permission_scope or "{}")
+    return tuple(str(name) for name in scope.get("env_allow") or ())
 
 
 def context_window(model: str) -> int | None:
@@ -193,7 +201,7 @@ class TurnRunner:
         if not self._runnable(work):
             return StepFacts(runnable=False)
         turn_id = self.attempt["turn_id"]
-        effects = c.open_effects_of_turn(tx, turn_id)
+        effects = c.open_effects_of_turn(tx, turn_id, tidy=True)
         dispatched = next((e for e in effects if e["state"] == EffectState.DISPATCHED), None)
         planned = next((e for e in effects if e["state"] == EffectState.PLANNED), None)
         last = c.last_item_of_turn(tx, turn_id)
@@ -334,11 +342,9 @@ class TurnRunner:
         crash_point("child.after_delivery")
 
     # ------------------------------------------------------------------ tools
-    def _spec_and_ctx(self, eff: Row, env_allow: Sequence[str] = ()) -> tuple[ToolSpec | None, ToolContext]:
-        return self.registry.get(eff["tool"]), ToolContext(
-            cwd=self.cwd, effects_root=self.effects_root, effect_id=eff["effect_id"],
-            env_allow=(*self.tool_env_allow, *env_allow),
-        )
+    def _tool_context(self, eff: Row, env_allow: Sequence[str] = ()) -> ToolContext:
+        return ToolContext(cwd=self.cwd, effects_root=self.effects_root, effect_id=eff["effect_id"],
+                           env_allow=(*self.tool_env_allow, *env_allow))
 
     def _runnable(self, work: Row) -> bool:
         """The work still wants to run at the control version this attempt was admitted under."""
@@ -354,7 +360,7 @@ class TurnRunner:
 
     async def _dispatch(self, eff: Row, approval: Row | None) -> bool:
         """Run one call; False when a control committed in the meantime ended the attempt first."""
-        spec, ctx = self._spec_and_ctx(eff)
+        spec = self.registry.get(eff["tool"])
         crash_point("tool.before_dispatch")
         if spec is not None and spec.state_impl is not None and trusted_state_tool(spec, eff):
             impl = spec.state_impl
@@ -369,22 +375,21 @@ class TurnRunner:
 
             return await self.db.run(state_tool)
 
-        def dispatched(tx: Tx) -> list[str] | None:
-            c.fence(tx, self.aid, self.gen)
-            work = c.get_work(tx, eff["work_id"])
-            if self._controlled(tx, work):
+        def dispatched(tx: Tx) -> tuple[str, ...] | None:
+            run = c.fence_with_run_state(tx, self.aid, self.gen)
+            if not self._runnable(run):
+                self._yield_to_control(tx, c.get_work(tx, eff["work_id"]))
                 return None
             c.mark_dispatched(tx, eff, self.aid, approval)
             c.emit(tx, "effect.state", {"call_id": eff["call_id"], "tool": eff["tool"], "state": "dispatched"},
                    session_id=eff["session_id"], work_id=eff["work_id"])
-            scope = json.loads(work["permission_scope"] or "{}")
-            return [str(name) for name in scope.get("env_allow") or []]
+            return _env_allow(run["permission_scope"])
 
         # the session's own env_allow is read with the dispatch, so a permission change applies to the next call
         env_allow = await self.db.run(dispatched)
         if env_allow is None:
             return False
-        _, ctx = self._spec_and_ctx(eff, env_allow)
+        ctx = self._tool_context(eff, env_allow)
         if spec is None:
             result = ToolResult(f"error: unknown tool {eff['tool']!r}", ok=False)
         elif eff["tool"] == "shell":

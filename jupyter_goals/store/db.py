@@ -250,6 +250,7 @@ class Database:
         self.busy_timeout_ms = busy_timeout_ms
         self._writer = _Lane("jupyter-goals-db")
         self._reader = self._writer if self.inline else _Lane("jupyter-goals-db-read")
+        self._wal_writer = False  # the write connection stays at busy_timeout=0 (``_polls_for_lock``)
         self._closed = False  # after close() nothing reopens the connection behind the owner's back
         # the last storage failure of a read / a write transaction, until one succeeds again (health)
         self.problems: dict[str, StorageUnavailable] = {}
@@ -286,6 +287,7 @@ class Database:
         """The write connection, opened if needed (tests trace its statements)."""
         if self._writer.conn is None:
             self._writer.conn = self._connect()
+            self._wal_writer = self._polls_for_lock(self._writer.conn)
         return self._writer.conn
 
     # ------------------------------------------------------------------ transactions
@@ -305,13 +307,21 @@ class Database:
                 except StorageUnavailable as exc:
                     self.problems["write" if write else "read"] = exc
                     raise
+                if lane is self._writer and self.dialect == "sqlite":
+                    self._wal_writer = self._polls_for_lock(lane.conn)
             conn = lane.conn
             tx = _ProbeTx(conn, self.dialect) if probe else Tx(conn, self.dialect)
+            restore = False  # the write connection's busy_timeout=0 to put back after an inline read
             try:
                 if self.dialect == "sqlite":
                     if write:
                         self._begin_immediate(conn, self.busy_timeout_ms if lock_wait_ms is None else lock_wait_ms)
                     else:
+                        if lane is self._writer and self._wal_writer:
+                            # inline: a read on the write connection waits as SQLite's readers do (a reader
+                            # is only ever busy while another connection recovers the WAL index)
+                            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+                            restore = True
                         conn.execute("BEGIN")
                 else:
                     conn.execute("BEGIN")
@@ -345,6 +355,12 @@ class Database:
                 if failure is exc:
                     raise
                 raise failure from exc
+            finally:
+                if restore and lane.conn is conn:
+                    try:
+                        conn.execute("PRAGMA busy_timeout=0")
+                    except sqlite3.Error:
+                        self._reset(lane)
 
     def recheck(self) -> dict[str, StorageUnavailable]:
         """Whether the recorded problems still hold, without writing anything (for health): no space is
@@ -363,13 +379,31 @@ class Database:
                 pass
         return dict(self.problems)
 
+    @staticmethod
+    def _polls_for_lock(conn: sqlite3.Connection) -> bool:
+        """Whether the write connection can stay at ``busy_timeout=0`` for good (``_begin_immediate``
+        polls for the lock itself). In WAL mode a transaction that holds the write lock never waits on
+        another connection again: its statements and its COMMIT take no further lock, and the automatic
+        checkpoint after a commit is PASSIVE (it skips frames readers still need instead of waiting). In
+        a rollback journal (a file system without shared memory, where WAL cannot be set) COMMIT waits
+        for readers to leave, so that connection keeps the busy timeout and toggles it per transaction."""
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        if str(mode).lower() != "wal":
+            return False
+        conn.execute("PRAGMA busy_timeout=0")
+        return True
+
     def _begin_immediate(self, conn: sqlite3.Connection, wait_ms: int) -> None:
         """Take SQLite's write lock, trying again about every millisecond while another process holds
         it, up to the busy timeout. SQLite's own busy handler backs off to 100 ms sleeps, so a process
         that writes in a tight loop (a busy worker) takes the lock again and again while the others
         sleep: another session's message waited ~70 ms for its commit (bench/long_session.py). Short
-        polls make the wait about one of the busy writer's transactions, not a backoff step."""
-        conn.execute("PRAGMA busy_timeout=0")
+        polls make the wait about one of the busy writer's transactions, not a backoff step. The WAL
+        write connection is at ``busy_timeout=0`` for good (``_polls_for_lock``): setting it per
+        transaction cost 9 µs of each tool call's two commits (bench/step_overhead.py)."""
+        toggle = not self._wal_writer
+        if toggle:
+            conn.execute("PRAGMA busy_timeout=0")
         try:
             deadline = time.monotonic() + wait_ms / 1000
             while True:
@@ -381,7 +415,8 @@ class Database:
                         raise
                 time.sleep(0.0005 + random.random() * 0.001)  # jitter: waiters do not retry in step
         finally:
-            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+            if toggle:
+                conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
 
     @staticmethod
     def _reset(lane: _Lane) -> None:

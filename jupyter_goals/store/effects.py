@@ -55,6 +55,10 @@ __all__ = [
 
 
 def set_effect_state(tx: Tx, eff: Row, state: EffectState, result: str | None = None) -> None:
+    """A call settles: its terminal state, result and ``ended_at``. Its ``effects_open`` entry stays
+    until a later step unlists it with others (``open_effects_of_turn``): this commit moves no index."""
+    if state in (EffectState.PLANNED, EffectState.DISPATCHED):
+        raise ValueError(f"{state} is not a settled state (see mark_dispatched)")
     now = time.time()
     tx.execute(
         "UPDATE effects SET state = ?, result = COALESCE(?, result), ended_at = ? WHERE effect_id = ?",
@@ -65,14 +69,26 @@ def set_effect_state(tx: Tx, eff: Row, state: EffectState, result: str | None = 
          session_id=eff["session_id"], work_id=eff["work_id"])
 
 
-def open_effects_of_turn(tx: Tx, turn_id: str) -> list[Row]:
+#: settled calls a step finds still listed before it unlists them (one UPDATE for the batch)
+UNLIST_AFTER = 32
+
+
+def open_effects_of_turn(tx: Tx, turn_id: str, *, tidy: bool = False) -> list[Row]:
     """A turn's calls still to run or running (``planned`` / ``dispatched``), in order. A step reads only
-    these (the partial index ``effects_open``): a turn with thousands of settled calls costs no more
-    per step than one with none (issue 14)."""
-    return _effect_rows(tx.all(OPEN_EFFECTS_SQL, (turn_id,)))
+    the calls listed in the partial index ``effects_open`` (issue 14: a turn with thousands of settled
+    calls costs no more per step than one with none). Settling a call leaves it listed (so neither of a
+    call's two commits moves an index entry); with ``tidy`` (a write transaction: the worker's step),
+    once ``UNLIST_AFTER`` settled calls are listed they are unlisted together, so a step reads at most
+    that many settled calls."""
+    rows = tx.all(OPEN_EFFECTS_SQL, (turn_id,))
+    open_rows = [r for r in rows if r["state"] in (EffectState.PLANNED, EffectState.DISPATCHED)]
+    if tidy and len(rows) - len(open_rows) >= UNLIST_AFTER:
+        tx.execute("UPDATE effects SET listed = NULL WHERE turn_id = ? AND listed = 1"
+                   " AND state NOT IN ('planned', 'dispatched')", (turn_id,))
+    return _effect_rows(open_rows)
 
 
-OPEN_EFFECTS_SQL = "SELECT * FROM effects WHERE turn_id = ? AND state IN ('planned', 'dispatched') ORDER BY seq"
+OPEN_EFFECTS_SQL = "SELECT * FROM effects WHERE turn_id = ? AND listed = 1 ORDER BY seq"
 
 
 def _effect_rows(rows: list[Row]) -> list[Row]:
@@ -192,8 +208,8 @@ def tools_to_cancel(tx: Tx) -> list[Row]:
 TOOLS_TO_CANCEL_SQL = (
     "SELECT e.*, w.desired_state, (SELECT COUNT(*) FROM attempts a WHERE a.attempt_id = e.attempt_id"
     " AND a.state = 'running') AS owned FROM effects e JOIN work_items w ON w.work_id = e.work_id"
-    # the ``IN`` term lets SQLite read the partial index of open calls (effects_open), not every call
-    " WHERE e.state IN ('planned', 'dispatched') AND e.state = 'dispatched' AND e.tool = 'shell'"
+    # ``listed = 1`` lets SQLite read the partial index of open calls (effects_open), not every call
+    " WHERE e.listed = 1 AND e.state = 'dispatched' AND e.tool = 'shell'"
     " AND (w.desired_state = 'cancelled' OR e.cancel_requested_at IS NOT NULL) ORDER BY e.seq"
 )
 

@@ -251,6 +251,20 @@ CREATE INDEX jobs_caller ON jobs (caller_work_id);
 CREATE INDEX transcript_response ON transcript (response_id) WHERE response_id IS NOT NULL
 """,
     ),
+    (
+        10,
+        "a call's dispatch and settling move no index entry: the open calls' index lists calls until a step tidies it",
+        # v9's effects_open was partial on the state, so ``planned`` -> ``dispatched`` deleted and re-inserted
+        # its entry and settling deleted it: one more WAL page on each of a tool call's two commits
+        # (bench/README.md). ``listed`` is 1 from planning until a later step of the turn unlists
+        # settled calls in batches (effects.open_effects_of_turn), so neither commit touches the index.
+        """
+ALTER TABLE effects ADD COLUMN listed INTEGER DEFAULT 1;
+UPDATE effects SET listed = NULL WHERE state NOT IN ('planned', 'dispatched');
+DROP INDEX effects_open;
+CREATE INDEX effects_open ON effects (turn_id, seq) WHERE listed = 1
+""",
+    ),
 ]
 
 USAGE_MIGRATIONS: list[Migration] = [
