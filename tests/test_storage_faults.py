@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from jupyter_goals.identity import process_start_time
-from tests.servers import db_rows, running_shell, server_env, wait_for
+from tests.servers import db_rows, full_passes, running_shell, server_env, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +26,9 @@ RULES: list[dict[str, Any]] = [
     {"when": {"purpose": "work", "last_tool_result_contains": "exit status"}, "respond": {"text": "finished"}},
     {"when": {"purpose": "work", "last_tool_result_contains": "outcome unknown"},
      "respond": {"text": "finished; its outcome is unknown, so I will not run it again"}},
+    {"when": {"purpose": "work", "last_user_contains": "long"},
+     "respond": {"tool_calls": [{"name": "shell", "arguments": {
+         "command": "while [ ! -e go ]; do sleep 0.05; done; echo ran >> out.txt"}}]}},  # ends when the test says
     {"when": {"purpose": "work", "last_user_contains": "slow"},
      "respond": {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 2; echo ran >> out.txt"}}]}},
     {"when": {"purpose": "work"}, "respond": {"text": "hello"}},
@@ -49,6 +52,44 @@ def small_state_fs(tmp_path: Path) -> Iterator[Path]:
         yield state
     finally:
         subprocess.run(["umount", "-l", str(state)], capture_output=True)
+
+
+def _run(*args: str) -> str:
+    done = subprocess.run(list(args), capture_output=True, text=True)
+    if done.returncode != 0:
+        reason = f"{' '.join(args)} failed: {done.stderr.strip() or done.returncode}"
+        if os.environ.get("CI"):
+            raise RuntimeError(reason)
+        pytest.skip(reason)
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def failing_disk_fs(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """``tmp_path / "state"`` on a real ext4 file system whose disk fails writes with I/O errors once
+    its backing store is full: a loop device over a sparse 256 MB file on a 64 MB tmpfs. Filling the
+    tmpfs makes the kernel's writeback to the loop device fail (EIO), which SQLite sees as "disk I/O
+    error" when it syncs; emptying it makes the disk work again. All metadata is written when the file
+    system is made (no journal, no lazy init), errors do not remount it read-only, and deleted files
+    give their blocks back to the tmpfs (``discard``), so only data writes fail, and only while it is full. Yields (state dir, the tmpfs to fill). Needs root and loop devices, as CI and these
+    machines have (in CI a refusal fails the test, elsewhere it is skipped with the reason)."""
+    backing, state = tmp_path / "backing", tmp_path / "state"
+    backing.mkdir()
+    state.mkdir()
+    _run("mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(backing))
+    loop = ""
+    try:
+        _run("truncate", "-s", "256M", str(backing / "disk.img"))
+        loop = _run("losetup", "-f", "--show", str(backing / "disk.img"))
+        _run("mkfs.ext4", "-q", "-O", "^has_journal", "-E", "nodiscard,lazy_itable_init=0", loop)
+        _run("mount", "-o", "errors=continue,discard", loop, str(state))
+        state.chmod(0o700)
+        yield state, backing
+    finally:
+        subprocess.run(["umount", "-l", str(state)], capture_output=True)
+        if loop:
+            subprocess.run(["losetup", "-d", loop], capture_output=True)
+        subprocess.run(["umount", "-l", str(backing)], capture_output=True)
 
 
 def fill(directory: Path) -> Path:
@@ -275,6 +316,18 @@ def write_pages(db: Path, pages: dict[int, bytes], page_size: int = 4096) -> Non
         conn.close()
 
 
+def garble_table(db: Path, table: str) -> dict[int, bytes]:
+    """Overwrite the pages of ``table`` (and its indexes) with garbage behind the server's back; returns
+    the original pages, for ``write_pages`` to make them whole again."""
+    checkpoint(db)
+    pages = table_pages(db, table)
+    assert pages and 1 not in pages
+    data = db.read_bytes()
+    original = {p: data[(p - 1) * 4096:p * 4096] for p in pages}
+    write_pages(db, {p: b"\xff" * 4096 for p in pages})
+    return original
+
+
 def test_a_control_db_page_corrupted_while_the_server_runs_gives_503_storage_corrupt_and_doctor_explains(
     tmp_path: Path,
 ) -> None:
@@ -291,12 +344,7 @@ def test_a_control_db_page_corrupted_while_the_server_runs_gives_503_storage_cor
         cl.send(sid, "hi", client_request_id="h")
         assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
         db = env["state"] / "control.db"
-        checkpoint(db)
-        pages = table_pages(db, "sessions")
-        assert pages and 1 not in pages
-        data = db.read_bytes()
-        original = {p: data[(p - 1) * 4096:p * 4096] for p in pages}
-        write_pages(db, {p: b"\xff" * 4096 for p in pages})
+        original = garble_table(db, "sessions")
 
         r = get(server, "sessions")
         assert r.status_code == 503, r.text
@@ -323,6 +371,60 @@ def test_a_control_db_page_corrupted_while_the_server_runs_gives_503_storage_cor
         r = post(server, f"sessions/{sid}/messages", {"text": "again", "client_request_id": "m2"})
         assert r.status_code == 202, r.text
         assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
+
+
+def test_transcript_pages_corrupted_while_a_command_runs_hold_its_result_until_they_are_whole_and_it_never_reruns(
+    tmp_path: Path,
+) -> None:
+    """The pages of the transcript (the table the workers append to, and its indexes) are overwritten
+    with garbage while a chat's command runs. When the command ends its worker cannot commit the result
+    (SQLite: "database disk image is malformed"): it exits instead of holding the attempt; reading the
+    session answers 503 ``storage_corrupt`` naming the file and `jupyter goals doctor`; health says
+    ``storage_corrupt``; the command is not run again while the pages stay damaged. Once they are whole
+    again the chat finishes by itself with the command's real result, the command ran once, and
+    nothing recorded before is lost."""
+    with server_env(tmp_path, RULES) as env:
+        server = env["make"]().start()
+        cl = server.client()
+        sid = str(cl.create_session(title="corrupt transcript", cwd=str(env["root"]),
+                                    permissions={"mode": "bypass"})["session"]["session_id"])
+        cl.send(sid, "hi", client_request_id="h")
+        assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
+        cl.send(sid, "run something long", client_request_id="l")
+        effect_dir = running_shell(env["state"])
+        before = [i["item_id"] for i in cl.session(sid)["transcript"]["items"]]
+        [running] = db_rows(env["state"], "SELECT worker_id FROM attempts WHERE state = 'running'")
+        [worker_pid] = [w["pid"] for w in server.workers() if w["worker_id"] == running["worker_id"]]
+        db = env["state"] / "control.db"
+        original = garble_table(db, "transcript")
+        (env["root"] / "go").touch()
+
+        # the command ends; its worker cannot append the result and gives the attempt up
+        wait_for(lambda: process_start_time(worker_pid) is None, timeout=60, what="the worker giving the attempt up")
+        assert (env["root"] / "out.txt").read_text() == "ran\n"
+        r = get(server, f"sessions/{sid}")
+        assert r.status_code == 503, r.text
+        body = r.json()
+        assert body["error"] == "storage_corrupt" and "control.db is damaged" in body["message"], body
+        assert "jupyter goals doctor" in body["message"]
+        wait_for(lambda: get(server, "health").json()["reason_code"] == "storage_corrupt", timeout=30,
+                 what="health to say storage_corrupt")
+        # recovery keeps trying and failing on the damaged pages: two full passes, and nothing ran again
+        full_passes(server, 2)
+        assert (env["root"] / "out.txt").read_text() == "ran\n"
+        assert (effect_dir / "exit").exists()  # the real result waits on disk
+        recovery = get(server, "health").json()["recovery"]  # health says why the passes fail
+        assert recovery["error"]["code"] == "storage_corrupt" and "malformed" in recovery["error"]["message"], recovery
+
+        write_pages(db, original)
+        snap = cl.wait(sid, timeout=120)
+        assert snap["work"]["phase"] == "done", snap["work"]
+        assert (env["root"] / "out.txt").read_text() == "ran\n"  # once
+        items = snap["transcript"]["items"]
+        assert [i["item_id"] for i in items][:len(before)] == before
+        results = [i for i in items if i["kind"] == "tool_result"]
+        assert results and "exit status: 0" in results[-1]["content"], results  # the real result, not unknown
+        wait_for(lambda: get(server, "health").json()["status"] == "ok", timeout=30, what="health ok again")
 
 
 def old_control_db(path: Path, version: int, rows: int) -> None:
@@ -394,6 +496,48 @@ def table_rows(path: Path, columns: dict[str, list[str]] | None = None) -> dict[
         conn.close()
 
 
+def _settled_health(server: Any) -> dict[str, Any] | None:
+    """Health once the first migration try has ended (None while starting or not yet answering)."""
+    try:
+        r = get(server, "health")
+    except httpx.HTTPError:
+        return None
+    body = r.json() if r.status_code == 200 else {}
+    return body if body.get("status") not in (None, "starting") else None
+
+
+def _migrated_fully_and_works(server: Any, env: dict[str, Any], old_rows: dict[str, set[tuple[Any, ...]]],
+                              v1_columns: dict[str, list[str]]) -> None:
+    """After the file system works again: newest schema, every old row there, one backup, a chat works."""
+    from jupyter_goals.store import schema
+
+    state = env["state"]
+    server.wait_ready(timeout=120)
+    # usage.db, on the same file system, is retried on its own (every 5 s)
+    wait_for(lambda: get(server, "health").json()["status"] == "ok", timeout=60, what="health ok")
+    health = get(server, "health").json()
+    assert (health["status"], health["reason_code"]) == ("ok", ""), health
+    newest = schema.CONTROL_MIGRATIONS[-1][0]
+    assert [r["version"] for r in db_rows(state, "SELECT version FROM schema_migrations ORDER BY version")] == list(
+        range(1, newest + 1))
+    now = table_rows(state / "control.db", v1_columns)
+    # v2 drops the two log counters (the logs take their seq from the rowid; the others move on, as the
+    # workers' generation does); every other row is there
+    assert {n for n, _ in old_rows["counters"]} - {n for n, _ in now["counters"]} == {"event_seq", "transcript_seq"}
+    for table, rows in old_rows.items():
+        if table != "counters":
+            assert rows <= now[table], (table, len(rows - now[table]))
+    assert sum(len(rows) for rows in old_rows.values()) > 20_000
+    assert len(list(state.glob("control.db.v1.*.bak"))) == 1  # the completed migration's backup only
+    cl = server.client()
+    sid = str(cl.create_session(title="after", cwd=str(env["root"]))["session"]["session_id"])
+    cl.send(sid, "hi", client_request_id="h")
+    snap = cl.wait(sid, timeout=60)
+    assert snap["work"]["phase"] == "done", snap["work"]
+    assert [i["content"] for i in snap["transcript"]["items"] if i["kind"] == "assistant"] == ["hello"]
+    assert int(db_rows(state, "SELECT COUNT(*) AS n FROM transcript WHERE session_id = 's-old'")[0]["n"]) == 10_000
+
+
 def test_a_migration_that_runs_out_of_space_half_way_changes_nothing_says_why_and_completes_once_space_is_freed(
     tmp_path: Path, small_state_fs: Path
 ) -> None:
@@ -405,8 +549,6 @@ def test_a_migration_that_runs_out_of_space_half_way_changes_nothing_says_why_an
     the file is still v1 with every row (no half-written table); the failed try gave its backup back.
     It tries again by itself: once the filler is deleted the migration completes, every old row is
     there, exactly one backup is kept, and a chat works end to end."""
-    from jupyter_goals.store import schema
-
     with server_env(tmp_path, RULES) as env:
         state = env["state"]
         assert state == small_state_fs
@@ -421,16 +563,7 @@ def test_a_migration_that_runs_out_of_space_half_way_changes_nothing_says_why_an
         os.truncate(filler, filler.stat().st_size - (size + size // 2))  # room for the backup, not the rewrite
 
         server = env["make"]().start(wait=False)
-
-        def settled() -> dict[str, Any] | None:
-            try:
-                r = get(server, "health")
-            except httpx.HTTPError:
-                return None
-            body = r.json() if r.status_code == 200 else {}
-            return body if body.get("status") not in (None, "starting") else None
-
-        wait_for(lambda: settled() is not None, timeout=60, what="the server to finish its first migration try")
+        wait_for(lambda: _settled_health(server) is not None, timeout=60, what="the first migration try to end")
         health = get(server, "health").json()
         assert (health["status"], health["reason_code"]) == ("degraded", "migration_failed"), health
         error = health["databases"]["control"]["error"]
@@ -448,33 +581,99 @@ def test_a_migration_that_runs_out_of_space_half_way_changes_nothing_says_why_an
         assert table_digests(db) == before
         assert db_rows(state, "PRAGMA integrity_check") == [{"integrity_check": "ok"}]
         # it tries again by itself (durable evidence: the log), and a failed try keeps no backup
-        wait_for(lambda: "control migration tried again, still no space left" in server.log(), timeout=30,
-                 what="a second migration try while the disk is full")
+        wait_for(lambda: "control migration tried again, still failing" in server.log()
+                 and "no space left" in server.log().split("control migration tried again, still failing")[-1],
+                 timeout=30, what="a second migration try while the disk is full")
         assert db_rows(state, "SELECT MAX(version) AS v FROM schema_migrations") == [{"v": 1}]
         assert table_digests(db) == before
 
         filler.unlink()
         (small_state_fs / "filler-tail").unlink()
-        server.wait_ready(timeout=90)
-        health = get(server, "health").json()
-        assert (health["status"], health["reason_code"]) == ("ok", ""), health
-        newest = schema.CONTROL_MIGRATIONS[-1][0]
-        assert [r["version"] for r in db_rows(state, "SELECT version FROM schema_migrations ORDER BY version")] == list(
-            range(1, newest + 1))
-        now = table_rows(db, v1_columns)
-        # v2 drops the two log counters (the logs take their seq from the rowid); every other row is there
-        gone = {("event_seq", 10_000), ("transcript_seq", 10_000)}
-        assert old_rows["counters"] - now["counters"] == gone
-        for table, rows in old_rows.items():
-            if table != "counters":
-                assert rows <= now[table], (table, len(rows - now[table]))
-        assert sum(len(rows) for rows in old_rows.values()) > 20_000
-        assert len(list(state.glob("control.db.v1.*.bak"))) == 1  # the completed migration's backup only
+        _migrated_fully_and_works(server, env, old_rows, v1_columns)
 
-        cl = server.client()
-        sid = str(cl.create_session(title="after", cwd=str(env["root"]))["session"]["session_id"])
-        cl.send(sid, "hi", client_request_id="h")
-        snap = cl.wait(sid, timeout=60)
-        assert snap["work"]["phase"] == "done", snap["work"]
-        assert [i["content"] for i in snap["transcript"]["items"] if i["kind"] == "assistant"] == ["hello"]
-        assert int(db_rows(state, "SELECT COUNT(*) AS n FROM transcript WHERE session_id = 's-old'")[0]["n"]) == 10_000
+
+def test_a_migration_that_meets_a_disk_io_error_half_way_changes_nothing_says_why_and_completes_once_the_disk_works(
+    tmp_path: Path, failing_disk_fs: tuple[Path, Path]
+) -> None:
+    """The v1 → v2 migration of a long history runs on a disk that starts failing writes after its backup
+    (a real ext4 file system whose loop device's backing store fills up: the kernel reports EIO and
+    SQLite "disk I/O error" when the migration syncs). The server stays up: health ``degraded`` /
+    ``migration_failed`` with a message naming the I/O error, that nothing changed, and what to do;
+    requests answer 503 with a JSON reason; the file is still v1, row for row, ``integrity_check`` ok;
+    a failed try keeps no backup. It tries again by itself, and once the disk works again the migration
+    completes: newest schema, every old row, one backup, a chat end to end. (Before: SQLite's words
+    only, no action, each failed try left a backup behind, and a failed backup escaped as a raw
+    ``sqlite3.OperationalError``.)"""
+    state, backing = failing_disk_fs
+    with server_env(tmp_path, RULES) as env:
+        assert env["state"] == state
+        db = state / "control.db"
+        old_control_db(db, 1, rows=10_000)
+        os.sync()
+        before = table_digests(db)
+        old_rows = table_rows(db)
+        v1_columns = {t: [str(c) for c in cols] for t, cols in table_columns_of(db).items()}
+        size = db.stat().st_size
+        filler = fill(backing)
+        os.truncate(filler, filler.stat().st_size - (size + size // 2))  # the backup fits, the rewrite fails
+
+        server = env["make"]().start(wait=False)
+        wait_for(lambda: _settled_health(server) is not None, timeout=60, what="the first migration try to end")
+        health = get(server, "health").json()
+        assert (health["status"], health["reason_code"]) == ("degraded", "migration_failed"), health
+        error = health["databases"]["control"]["error"]
+        assert error["code"] == "migration_failed" and health["databases"]["control"]["ok"] is False
+        assert "the disk reported an I/O error" in error["message"] and "disk I/O error" in error["message"], error
+        assert "still schema v1" in error["message"], error
+        assert "Check the disk" in error["action"] and "tried again by itself" in error["action"], error
+        for r in (get(server, "sessions"), post(server, "sessions", {"title": "while failing"})):
+            assert r.status_code == 503, r.text
+            assert r.json()["error"] == "migration_failed" and "I/O error" in r.json()["message"], r.text
+
+        assert db_rows(state, "SELECT MAX(version) AS v FROM schema_migrations") == [{"v": 1}]
+        assert table_digests(db) == before
+        assert db_rows(state, "PRAGMA integrity_check") == [{"integrity_check": "ok"}]
+        wait_for(lambda: "control migration tried again, still failing" in server.log(), timeout=30,
+                 what="a second migration try while the disk fails")
+        assert not list(state.glob("control.db.v1.*.bak"))  # failed tries give their backups back
+        assert table_digests(db) == before
+
+        filler.unlink()
+        (backing / "filler-tail").unlink()
+        _migrated_fully_and_works(server, env, old_rows, v1_columns)
+
+
+def test_a_migration_on_a_read_only_file_system_changes_nothing_says_why_and_completes_once_it_is_writable(
+    tmp_path: Path, small_state_fs: Path
+) -> None:
+    """The file system that holds a v1 control.db is remounted read-only before the server starts (as a
+    kernel does after errors, or an operator by mistake). The server stays up: health ``degraded`` /
+    ``migration_failed`` saying the file system is read-only, that nothing changed, and to remount it
+    read-write; requests answer 503 with a JSON reason; the file is untouched. Once it is remounted
+    read-write, the migration completes by itself and a chat works end to end."""
+    with server_env(tmp_path, RULES) as env:
+        state = env["state"]
+        db = state / "control.db"
+        old_control_db(db, 1, rows=10_000)
+        before = (db.read_bytes(), sorted(p.name for p in state.iterdir()))
+        old_rows = table_rows(db)
+        v1_columns = {t: [str(c) for c in cols] for t, cols in table_columns_of(db).items()}
+        _run("mount", "-o", "remount,ro", str(state))
+        try:
+            server = env["make"]().start(wait=False)
+            wait_for(lambda: _settled_health(server) is not None, timeout=60, what="the first migration try to end")
+            health = get(server, "health").json()
+            assert (health["status"], health["reason_code"]) == ("degraded", "migration_failed"), health
+            error = health["databases"]["control"]["error"]
+            assert error["code"] == "migration_failed" and "read-only" in error["message"], error
+            assert "Nothing was changed" in error["message"], error
+            assert "Remount the file system" in error["action"] and "tried again by itself" in error["action"], error
+            r = post(server, "sessions", {"title": "while read-only"})
+            assert r.status_code == 503 and r.json()["error"] == "migration_failed", r.text
+            assert "read-only" in r.json()["message"], r.text
+            wait_for(lambda: "control migration tried again, still failing" in server.log(), timeout=30,
+                     what="a second migration try while the file system is read-only")
+            assert (db.read_bytes(), sorted(p.name for p in state.iterdir())) == before  # byte for byte
+        finally:
+            _run("mount", "-o", "remount,rw", str(state))
+        _migrated_fully_and_works(server, env, old_rows, v1_columns)

@@ -187,7 +187,9 @@ class GoalsService:
         self.event_tail = EventTail(self.control)
         self.supervisor: Supervisor | None = None
         self.degraded: Degraded | None = None
-        self.migration_full = False  # the control migration found no space left: tried again by itself
+        # what to do about a control migration the file system failed (full, read-only, I/O error): it is
+        # tried again by itself meanwhile; None: no such failure (a broken migration needs a person)
+        self.migration_action: str | None = None
         self.usage_degraded: str | None = None
         self.started = False  # the schema is migrated (or the store is degraded)
         self.usage_ready = False  # usage.db is migrated; until then receipts wait in the outbox
@@ -209,12 +211,13 @@ class GoalsService:
         self._next_due: float | None = None  # wall-clock time of the earliest backoff end seen
         self._tasks: list[asyncio.Task[None]] = []
         self._recover_lock = asyncio.Lock()
+        self._config_saved = False
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         private_state_dir(self.config.state_dir)
         faults.configure(self.config.state_dir)
-        self.config.save()  # so `jupyter goals recover --explain` decides with this configuration
+        self._config_saved = self._save_config()
         os.environ[catalog.NAMED_ENV] = self.catalog.export_named()  # workers resolve named models with it
         self._usage_was_new = await self._usage_is_new()
         await self._migrate_usage()
@@ -226,8 +229,8 @@ class GoalsService:
             log.error("jupyter_goals degraded: %s", self.degraded)
             self.started = True
             if self.degraded is not None and (self.degraded.code == ReasonCode.STORAGE_UNAVAILABLE
-                                              or self.migration_full):
-                # a locked or briefly unreadable file, or a full disk, heals by itself; a schema problem
+                                              or self.migration_action is not None):
+                # a locked or briefly unreadable file, a full, read-only or failing disk heals by itself; a schema problem
                 # needs a person
                 self._tasks.append(asyncio.create_task(self._retry_start()))
             return
@@ -291,12 +294,12 @@ class GoalsService:
             await asyncio.to_thread(migrate, self.control, "control")
         except MigrationFailed as exc:
             self.degraded = Degraded(ReasonCode.MIGRATION_FAILED, str(exc))
-            self.migration_full = exc.code == ReasonCode.STORAGE_FULL
+            self.migration_action = exc.action
         except StorageUnavailable as exc:
             self.degraded = Degraded(ReasonCode.STORAGE_UNAVAILABLE, str(exc))
         else:
             self.degraded = None
-            self.migration_full = False
+            self.migration_action = None
         return self.degraded is None
 
     async def _migrate_usage(self) -> bool:
@@ -327,14 +330,27 @@ class GoalsService:
                 await self._run()
                 return
             if self.degraded is not None and self.degraded.code == ReasonCode.MIGRATION_FAILED \
-                    and not self.migration_full:
+                    and self.migration_action is None:
                 log.error("jupyter_goals degraded: %s", self.degraded)  # a broken migration: a person acts
                 return
-            if self.migration_full:
-                log.warning("jupyter_goals: control migration tried again, still no space left; next try in %.0f s",
-                            delay)
+            if self.migration_action is not None:
+                log.warning("jupyter_goals: control migration tried again, still failing (%s); next try in %.0f s",
+                            self.degraded, delay)
+
+    def _save_config(self) -> bool:
+        """Save the configuration, so that `jupyter goals recover --explain` decides with it. A state dir
+        that cannot be written (a read-only mount) does not stop the start: the migration says why
+        and is retried, and the configuration is saved once the store can be written (``_run``)."""
+        try:
+            self.config.save()
+        except OSError as exc:
+            log.warning("jupyter_goals: cannot save the configuration in %s: %s", self.config.state_dir, exc)
+            return False
+        return True
 
     async def _run(self) -> None:
+        if not self._config_saved:
+            self._config_saved = await asyncio.to_thread(self._save_config)
         self.started = True  # input and controls sent during recovery are accepted and win over old continuations
         found = await self.control.run(recovery_passes.unfinished_work, write=False)
         await self.recover()
@@ -373,7 +389,12 @@ class GoalsService:
 
     async def recover(self) -> dict[str, Any]:
         async with self._recover_lock:
-            report = await self.coordinator.recover()
+            try:
+                report = await self.coordinator.recover()
+            except StorageUnavailable as exc:
+                # a pass the store failed (damaged, full, locked) is still a pass: health shows when and why
+                self.last_recovery = {"at": time.time(), "error": {"code": exc.code, "message": str(exc)}}
+                raise
         self._passed(report)
         self.last_recovery = {"at": time.time(), **report.as_dict()}
         return self.last_recovery
@@ -483,10 +504,8 @@ class GoalsService:
         }
         if self.degraded is not None:
             databases["control"]["error"] = {"code": self.degraded.code.value, "message": str(self.degraded)}
-            if self.migration_full:
-                databases["control"]["error"]["action"] = (
-                    storage_action(ReasonCode.STORAGE_FULL, self.config.control_db_url).split(";")[0]
-                    + "; the migration is tried again by itself and nothing recorded is changed until it succeeds.")
+            if self.migration_action is not None:
+                databases["control"]["error"]["action"] = self.migration_action
         elif problem is not None:
             databases["control"]["error"] = {"code": problem.code, "message": str(problem),
                                              "action": storage_action(problem.code, self.config.control_db_url)}

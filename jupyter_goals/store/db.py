@@ -49,12 +49,15 @@ def storage_code(message: str) -> str:
 
 class MigrationFailed(Exception):
     """The schema could not be migrated (broken migration, or a schema newer than the code). ``code``:
-    ``storage_full`` when the file system had no room for the migration or its backup (nothing was
-    changed; it can succeed once space is freed), else ``migration_failed`` (a person must act)."""
+    ``storage_full`` / ``storage_readonly`` / ``storage_io_error`` when the file system failed the
+    migration or its backup (nothing was changed; it can succeed once the file system works again:
+    ``action`` says what to do, and the server tries again by itself), else ``migration_failed`` (a
+    person must act; ``action`` is None)."""
 
-    def __init__(self, message: str, code: str = "migration_failed") -> None:
+    def __init__(self, message: str, code: str = "migration_failed", action: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.action = action
 
 
 class FencedError(Exception):

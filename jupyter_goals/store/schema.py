@@ -364,19 +364,60 @@ def _remove(path: str | None) -> None:
                 pass
 
 
-def _out_of_space(db: Database, which: str, version: int, newest: int, step: str,
-                  exc: BaseException) -> MigrationFailed:
-    """A migration (or its backup) that found no room left on the file system: nothing was changed, and
-    it is tried again once there is room. Says how much about: a copy for the backup and the size
-    of the database again for the tables a migration rewrites (written to the WAL before commit)."""
+_RETRIED = "the migration is tried again by itself and nothing recorded is changed until it succeeds."
+
+
+def file_system_trouble(path: str | None, exc: BaseException) -> str | None:
+    """``storage_full`` / ``storage_readonly`` / ``storage_io_error`` when ``exc`` is the file system's
+    fault (no space left, mounted read-only, an I/O error the disk reported), else None. Each heals
+    without touching the database: free space, remount read-write, a disk that works again."""
+    text = str(exc).lower()
+    number = getattr(exc, "errno", None)
+    if storage_code(text) == "storage_full" or number == errno.ENOSPC:
+        return "storage_full"
+    if number == errno.EROFS or "read-only file system" in text or (
+            path is not None and ("readonly" in text or "unable to open" in text) and _read_only(path)):
+        return "storage_readonly"
+    if number == errno.EIO or "disk i/o error" in text:
+        return "storage_io_error"
+    return None
+
+
+def _read_only(path: str) -> bool:
+    try:
+        return bool(os.statvfs(os.path.dirname(os.path.abspath(path))).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _file_system_failed(db: Database, which: str, version: int | None, newest: int, step: str, code: str,
+                        exc: BaseException) -> MigrationFailed:
+    """A migration (or its backup) the file system failed: nothing was changed (SQLite rolled the
+    transaction back whole; the file is still ``version``; None: it could not even be read), and it is
+    tried again by itself."""
     assert db.path is not None
-    size = os.path.getsize(db.path) if os.path.exists(db.path) else 0
-    need_mb = max(1, 2 * size // (1024 * 1024) + 1)
+    if version is None:
+        where = f"{which} database {db.path} could not be opened to migrate it to schema v{newest}"
+        kept = "Nothing was changed."
+    else:
+        where = f"{which} database {db.path} could not be migrated from schema v{version} to v{newest}"
+        kept = f"Nothing was changed: it is still schema v{version} with every record."
+    if code == "storage_full":
+        size = os.path.getsize(db.path) if os.path.exists(db.path) else 0
+        need_mb = max(1, 2 * size // (1024 * 1024) + 1)
+        return MigrationFailed(
+            f"{where}: the file system that holds it has no space left {step} ({exc}). {kept} Free about {need_mb} MB "
+            "there (a backup copy and the tables the migration rewrites); the migration is tried again by itself.",
+            code, f"Free space on the file system that holds {db.path}; {_RETRIED}")
+    if code == "storage_readonly":
+        return MigrationFailed(
+            f"{where}: the file system that holds it is read-only {step} ({exc}). {kept} Remount it read-write; the "
+            "migration is tried again by itself.",
+            code, f"Remount the file system that holds {db.path} read-write; {_RETRIED}")
     return MigrationFailed(
-        f"{which} database {db.path} could not be migrated from schema v{version} to v{newest}: the file system "
-        f"that holds it has no space left {step} ({exc}). Nothing was changed: it is still schema v{version} with every "
-        f"record. Free about {need_mb} MB there (a backup copy and the tables the migration rewrites); the "
-        "migration is tried again by itself.", "storage_full")
+        f"{where}: the disk reported an I/O error {step} ({exc}). {kept} Check the disk (the kernel log says which "
+        "blocks: dmesg); the migration is tried again by itself.",
+        code, f"Check the disk that holds {db.path} (the kernel log, dmesg, says more); {_RETRIED}")
 
 
 def _truncate_wal(path: str) -> None:
@@ -412,7 +453,11 @@ def migrate(db: Database, which: str) -> int:
     newest = migrations[-1][0]
     try:
         version = db.transact(current_version, write=False)
-    except StorageUnavailable:
+    except StorageUnavailable as exc:
+        # a WAL database cannot even be read where its -shm file cannot be created (a read-only mount)
+        if db.path and file_system_trouble(db.path, exc) == "storage_readonly":
+            raise _file_system_failed(db, which, None, newest, "(its files cannot be opened)", "storage_readonly",
+                                      exc) from exc
         raise
     if version > newest:
         raise MigrationFailed(f"{which} database schema v{version} is newer than this code (v{newest})")
@@ -423,8 +468,9 @@ def migrate(db: Database, which: str) -> int:
         try:
             backup = backup_sqlite(db.path, version)
         except (sqlite3.Error, OSError) as exc:
-            if storage_code(str(exc)) == "storage_full" or getattr(exc, "errno", None) == errno.ENOSPC:
-                raise _out_of_space(db, which, version, newest, "for its backup", exc) from exc
+            code = file_system_trouble(db.path, exc)
+            if code is not None:
+                raise _file_system_failed(db, which, version, newest, "for its backup", code, exc) from exc
             raise
 
     def apply(tx: Tx) -> int:
@@ -444,8 +490,10 @@ def migrate(db: Database, which: str) -> int:
                     (number, name, time.time()),
                 )
             except Exception as exc:
-                if db.path and storage_code(str(exc)) == "storage_full":  # SQLITE_FULL: rolled back whole
-                    raise _out_of_space(db, which, version, newest, f"in migration v{number} ({name})", exc) from exc
+                code = file_system_trouble(db.path, exc) if db.path else None
+                if code is not None:  # SQLITE_FULL / _READONLY / _IOERR: SQLite rolls the transaction back whole
+                    raise _file_system_failed(db, which, version, newest, f"in migration v{number} ({name})", code,
+                                              exc) from exc
                 if _storage_fault(exc):
                     raise
                 # a failing statement is a broken migration, not an unreadable database (db.transact
@@ -456,13 +504,19 @@ def migrate(db: Database, which: str) -> int:
     try:
         return db.transact(apply)
     except MigrationFailed as exc:
-        if exc.code == "storage_full" and db.path:
-            # the database is as it was: its backup and the WAL's rolled-back frames only hold the space
+        if exc.action is not None and db.path:
+            # the database is as it was: its backup and the WAL's rolled-back frames only hold space
             # (each later try would leave one more backup behind)
             _remove(backup)
             _truncate_wal(db.path)
         raise
-    except StorageUnavailable:
-        raise
+    except StorageUnavailable as exc:
+        # the failing statement was the COMMIT (an fsync the disk refused): rolled back, as above
+        code = file_system_trouble(db.path, exc) if db.path else None
+        if code is None:
+            raise
+        _remove(backup)
+        _truncate_wal(db.path or "")
+        raise _file_system_failed(db, which, version, newest, "when it committed", code, exc) from exc
     except Exception as exc:
         raise MigrationFailed(f"{which} migration failed: {exc}") from exc
