@@ -426,6 +426,11 @@ def test_the_per_call_fence_answers_the_work_run_state_of_a_live_attempt(backend
     """What a worker reads before each tool call (``fence_with_run_state``): the fence, plus whether the
     work still wants to run at the control version it was admitted under and its permission scope."""
     db = backend.open("control", migrated="control")
+    traced = Database(backend.url("control"))  # opened first the way tests that trace statements open it
+    try:
+        assert traced._ensure() is not None and traced.transact(lambda tx: tx.scalar("SELECT 1 AS one")) == 1
+    finally:
+        traced.close()
 
     def start_attempt(tx: Tx) -> dict[str, Any]:
         _, work = new_chat(tx)

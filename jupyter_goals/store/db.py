@@ -290,7 +290,7 @@ class Database:
         """The write connection, opened if needed (tests trace its statements)."""
         if self._writer.conn is None:
             self._writer.conn = self._connect()
-            self._wal_writer = self._polls_for_lock(self._writer.conn)
+            self._wal_writer = self.dialect == "sqlite" and self._polls_for_lock(self._writer.conn)
         return self._writer.conn
 
     # ------------------------------------------------------------------ transactions
