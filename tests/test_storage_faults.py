@@ -19,6 +19,7 @@ import pytest
 
 from jupyter_goals.identity import process_start_time
 from tests.servers import db_rows, full_passes, running_shell, server_env, wait_for
+from tests.storekit import postgres_unreachable
 
 pytestmark = pytest.mark.slow
 
@@ -270,6 +271,99 @@ def test_usage_db_deleted_while_the_server_runs_is_reopened_and_rebuilt_each_rec
         server.start()  # the next start finds the ledger whole: nothing applied again
         assert len(ledger_on_disk(env["state"])) == 3
         assert get(server, "health").json()["status"] == "ok"
+
+
+PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
+
+
+def pg_admin(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/test", autocommit=True) as conn:
+        conn.execute(sql)  # type: ignore[arg-type]
+
+
+def ledger_in(url: str) -> list[tuple[str, str, int, int]]:
+    """(receipt_key, session_id, input, output) of every receipt in a PostgreSQL ledger ([] while it has none)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=3) as conn:
+            rows = conn.execute("SELECT receipt_key, session_id, input_tokens, output_tokens FROM receipts"
+                                " ORDER BY receipt_key").fetchall()
+    except psycopg.Error:
+        return []
+    return [(str(k), str(s), int(i), int(o)) for k, s, i, o in rows]
+
+
+@pytest.mark.postgres
+def test_a_postgresql_ledger_dropped_while_the_server_runs_is_migrated_again_and_rebuilt_each_receipt_once(
+    tmp_path: Path,
+) -> None:
+    """The usage ledger is a PostgreSQL database. While the server runs it is dropped (its connections
+    forced closed): chat goes on, health says the ledger cannot be reached and receipts wait in
+    control.db's outbox. An operator then creates an empty database of the same name. A connection
+    string cannot tell it from the one the server opened; when its schema was created can: the server
+    says ``usage_db_missing``, migrates it and rebuilds the ledger from control.db's outbox, so every
+    receipt (the two before the drop, the one while it was gone, one after) is counted exactly once.
+    A restart adds nothing. (Before: the server kept writing to a database without tables and the
+    receipts of the dropped one were gone for good.)"""
+    import uuid
+
+    if reason := postgres_unreachable():
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set and {reason}")
+        pytest.skip(reason)
+    name = f"goals_usage_{uuid.uuid4().hex[:8]}"
+    url = f"{PG_SERVER}/{name}"
+    pg_admin(f'CREATE DATABASE "{name}"')
+    try:
+        with server_env(tmp_path, USAGE_RULES) as env:
+            server = env["make"](extra=[f"--GoalsApp.usage_db_url={url}"]).start()
+            cl = server.client()
+            sids = []
+
+            def chat(title: str) -> None:
+                sid = str(cl.create_session(title=title, cwd=str(env["root"]))["session"]["session_id"])
+                cl.send(sid, "hello", client_request_id=title)
+                assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
+                sids.append(sid)
+
+            chat("before 0")
+            chat("before 1")
+            wait_for(lambda: len(ledger_in(url)) == 2, timeout=30, what="two receipts in the ledger")
+            pg_admin(f'DROP DATABASE "{name}" WITH (FORCE)')
+            chat("while dropped")  # chat is not blocked by the ledger
+            wait_for(lambda: get(server, "health").json()["databases"]["usage"]["ok"] is False, timeout=30,
+                     what="health to say the ledger cannot be reached")
+            assert get(server, "health").json()["databases"]["usage"]["error"]["code"] == "storage_unavailable"
+
+            pg_admin(f'CREATE DATABASE "{name}"')  # an empty one: the same URL, not the same ledger
+
+            def repaired() -> bool:
+                usage = get(server, "health").json()["databases"]["usage"]
+                return usage["ok"] is True and "repaired" in usage
+
+            wait_for(repaired, timeout=60, what="health to report the ledger rebuilt")
+            note = get(server, "health").json()["databases"]["usage"]["repaired"]
+            assert note["code"] == "usage_db_missing" and "created again" in note["message"], note
+            assert note["operations"] >= 2, note
+            chat("after")
+
+            receipts = db_rows(env["state"], "SELECT op_key FROM outbox WHERE kind = 'usage.receipt'")
+            wait_for(lambda: len(ledger_in(url)) >= len(receipts) == 4, timeout=30, what="every receipt")
+            ledger = ledger_in(url)
+            assert sorted(k for k, *_ in ledger) == sorted(r["op_key"] for r in receipts)
+            assert sorted(s for _, s, *_ in ledger) == sorted(sids)
+            for sid in sids:
+                usage = get(server, f"usage?session_id={sid}").json()
+                assert (usage["receipts"], usage["known_tokens"]["input"], usage["known_tokens"]["output"]) == (
+                    1, 7, 3), usage
+            server.stop()
+            server.start()  # the next start finds the ledger whole: nothing applied again
+            assert len(ledger_in(url)) == 4 and get(server, "health").json()["status"] == "ok"
+    finally:
+        pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def checkpoint(db: Path) -> None:

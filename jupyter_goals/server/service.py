@@ -54,7 +54,7 @@ from jupyter_goals.store.db import Database, MigrationFailed, Row, StorageUnavai
 from jupyter_goals.store.events import EventTail
 from jupyter_goals.store.notify import ADMISSION, ATTEMPTS, Listener, Notifier
 from jupyter_goals.store.outbox import OutboxDispatcher
-from jupyter_goals.store.schema import current_version, migrate, quick_check
+from jupyter_goals.store.schema import created_at, current_version, migrate, quick_check
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -198,7 +198,9 @@ class GoalsService:
         self._ledger_published: str | None = None  # the ledger state last written to control.db
         # usage.db's (device, inode) when it was opened: a different one (or none) at its path means the
         # file was deleted or replaced while this server ran (its connections keep writing the old one)
-        self._usage_identity: tuple[int, int] | None = None
+        # the usage database this server's connections opened: a SQLite file's (device, inode), or when a
+        # PostgreSQL ledger was created (``created_at``); None until it is migrated
+        self._usage_identity: tuple[Any, ...] | None = None
         self._usage_checked_at = 0.0
         self.usage_lost: dict[str, Any] | None = None  # the ledger being rebuilt after that (health)
         self.usage_repaired: dict[str, Any] | None = None  # the last such rebuild, once done (health)
@@ -257,23 +259,39 @@ class GoalsService:
         if self.usage_lost is not None:
             self.usage_lost["operations"] = n
 
+    async def _usage_identity_now(self) -> tuple[Any, ...] | None:
+        """The identity of the usage database at the configured place now (None: there is none). Raises
+        StorageUnavailable when a PostgreSQL ledger cannot be reached (that is not a loss)."""
+        if self.usage.path is not None:
+            return await asyncio.to_thread(file_identity, self.usage.path)
+        created = await self.usage.run(created_at, write=False)
+        return None if created is None else (created,)
+
     async def _usage_file_changed(self) -> str | None:
-        """Whether usage.db at its path is no longer the file this server's connections opened (deleted,
-        or replaced by another): a stat off the loop, compared with the identity recorded at open."""
-        path = self.usage.path
-        if path is None or self._usage_identity is None:
+        """Whether the usage database is no longer the one this server's connections opened: usage.db at
+        its path deleted or replaced by another file (a stat off the loop), or a PostgreSQL ledger dropped
+        and created again, or emptied (one read of when its schema was created)."""
+        if self._usage_identity is None:
             return None
-        now = await asyncio.to_thread(file_identity, path)
+        try:
+            now = await self._usage_identity_now()
+        except StorageUnavailable:
+            return None  # unreachable, not lost: the outbox says so and keeps the receipts
         if now == self._usage_identity:
             return None
-        what = "deleted" if now is None else "replaced by another file"
-        return (f"{path} was {what} while the server ran; receipts written since went to a file nobody sees. "
-                "The ledger is reopened and rebuilt from control.db's outbox, each receipt once.")
+        if self.usage.path is not None:
+            what = "deleted" if now is None else "replaced by another file"
+            return (f"{self.usage.path} was {what} while the server ran; receipts written since went to a file "
+                    "nobody sees. The ledger is reopened and rebuilt from control.db's outbox, each receipt once.")
+        what = "emptied or dropped and created again (its tables are gone)" if now is None else "created again"
+        return (f"the usage database {_redact(self.config.usage_db_url)} was {what} while the server ran. The "
+                "ledger is migrated again and rebuilt from control.db's outbox, each receipt once.")
 
     async def _watch_ledger(self, wrote: bool) -> None:
-        """On a slow tick (1 s) and right after receipts were written: a usage.db deleted or replaced is
-        closed, opened again at its path (created and migrated) and rebuilt from control.db's outbox (as
-        the next start would), each receipt once; health says so meanwhile. What went to the old file
+        """On a slow tick (1 s) and right after receipts were written: a usage.db deleted or replaced (or a
+        PostgreSQL ledger emptied, or dropped and created again) is closed, opened again (created and
+        migrated) and rebuilt from control.db's outbox (as the next start would), each receipt once;
+        health says so meanwhile. What went to the old file
         is applied again too: every operation control.db marked done is queued again."""
         now = time.monotonic()
         if not self.usage_ready or not (wrote or now - self._usage_checked_at >= 1.0):
@@ -315,8 +333,12 @@ class GoalsService:
             self.usage_degraded = str(exc)
             self._usage_retry_at = time.monotonic() + 5.0
             return False
-        if self.usage.path is not None:  # the file its connections now hold open
-            self._usage_identity = await asyncio.to_thread(file_identity, self.usage.path)
+        try:  # the file its connections now hold open, or when the PostgreSQL ledger was created
+            self._usage_identity = await self._usage_identity_now()
+        except StorageUnavailable as exc:
+            self.usage_degraded = str(exc)
+            self._usage_retry_at = time.monotonic() + 5.0
+            return False
         self.usage_ready = True
         return True
 

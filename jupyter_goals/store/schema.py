@@ -318,6 +318,16 @@ def quick_check(tx: Tx) -> list[str]:
     return [str(r["quick_check"]) for r in tx.all("PRAGMA quick_check")]
 
 
+def created_at(tx: Tx) -> float | None:
+    """When this database's first migration was applied; None while it holds no schema. A database
+    dropped and created again (or emptied) answers differently from the one a server opened, where
+    a connection string cannot tell them apart (the identity of a PostgreSQL ledger)."""
+    if current_version(tx) == 0:
+        return None
+    value = tx.scalar("SELECT applied_at FROM schema_migrations WHERE version = 1")
+    return None if value is None else float(value)
+
+
 def current_version(tx: Tx) -> int:
     if tx.dialect == "sqlite":
         exists = tx.one("SELECT name FROM sqlite_master WHERE type='table' AND name='schema_migrations'")
