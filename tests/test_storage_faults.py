@@ -467,20 +467,23 @@ def test_a_control_db_page_corrupted_while_the_server_runs_gives_503_storage_cor
         assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
 
 
-def test_transcript_pages_corrupted_while_a_command_runs_hold_its_result_until_they_are_whole_and_it_never_reruns(
-    tmp_path: Path,
+@pytest.mark.parametrize("table", ["transcript", "attempts", "effects"])
+def test_pages_workers_write_corrupted_while_a_command_runs_hold_its_result_until_they_are_whole_and_it_never_reruns(
+    tmp_path: Path, table: str
 ) -> None:
-    """The pages of the transcript (the table the workers append to, and its indexes) are overwritten
-    with garbage while a chat's command runs. When the command ends its worker cannot commit the result
+    """The pages of a table the workers write (the transcript they append to, the attempts they are
+    fenced by, the effects they dispatch and settle; with the table's indexes) are overwritten with
+    garbage while a chat's command runs. When the command ends its worker cannot commit the result
     (SQLite: "database disk image is malformed"): it exits instead of holding the attempt; reading the
-    session answers 503 ``storage_corrupt`` naming the file and `jupyter goals doctor`; health says
-    ``storage_corrupt``; the command is not run again while the pages stay damaged. Once they are whole
-    again the chat finishes by itself with the command's real result, the command ran once, and
-    nothing recorded before is lost."""
+    session answers 503 ``storage_corrupt`` naming the file and `jupyter goals doctor` where the view
+    reads that table (the transcript, the attempts), and still answers where it does not (effects);
+    health says ``storage_corrupt`` and why recovery passes fail; the command is not run again while the
+    pages stay damaged. Once they are whole again the chat finishes by itself with the command's real
+    result, the command ran once, and nothing recorded before is lost."""
     with server_env(tmp_path, RULES) as env:
         server = env["make"]().start()
         cl = server.client()
-        sid = str(cl.create_session(title="corrupt transcript", cwd=str(env["root"]),
+        sid = str(cl.create_session(title=f"corrupt {table}", cwd=str(env["root"]),
                                     permissions={"mode": "bypass"})["session"]["session_id"])
         cl.send(sid, "hi", client_request_id="h")
         assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
@@ -490,17 +493,20 @@ def test_transcript_pages_corrupted_while_a_command_runs_hold_its_result_until_t
         [running] = db_rows(env["state"], "SELECT worker_id FROM attempts WHERE state = 'running'")
         [worker_pid] = [w["pid"] for w in server.workers() if w["worker_id"] == running["worker_id"]]
         db = env["state"] / "control.db"
-        original = garble_table(db, "transcript")
+        original = garble_table(db, table)
         (env["root"] / "go").touch()
 
         # the command ends; its worker cannot append the result and gives the attempt up
         wait_for(lambda: process_start_time(worker_pid) is None, timeout=60, what="the worker giving the attempt up")
         assert (env["root"] / "out.txt").read_text() == "ran\n"
         r = get(server, f"sessions/{sid}")
-        assert r.status_code == 503, r.text
-        body = r.json()
-        assert body["error"] == "storage_corrupt" and "control.db is damaged" in body["message"], body
-        assert "jupyter goals doctor" in body["message"]
+        if table == "effects":  # the session view reads no effect row: what it shows still answers
+            assert r.status_code == 200 and [i["item_id"] for i in r.json()["transcript"]["items"]] == before, r.text
+        else:
+            assert r.status_code == 503, r.text
+            body = r.json()
+            assert body["error"] == "storage_corrupt" and "control.db is damaged" in body["message"], body
+            assert "jupyter goals doctor" in body["message"]
         wait_for(lambda: get(server, "health").json()["reason_code"] == "storage_corrupt", timeout=30,
                  what="health to say storage_corrupt")
         # recovery keeps trying and failing on the damaged pages: two full passes, and nothing ran again
