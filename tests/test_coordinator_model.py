@@ -11,6 +11,9 @@ How processes are played without processes:
   (``faults.crash_point``: ``provider.*``, ``tool.*``) and the test tool's side effect hand control back
   to the state machine, so other rules run between any two steps of any attempt. Only one thread runs
   at a time: the histories are deterministic.
+- The server's own points are played where its handlers commit: ``input.before_accept`` /
+  ``input.after_accept`` around a message's commit (then the client retries with the same
+  ``client_request_id``) and ``control.after_stop_commit`` after a Stop.
 - A worker process and a server process are stood for by real ``sleep`` processes: the worker row is
   registered with one's ``(pid, start time)``, and the Coordinator's recovery claims carry the other's.
   A crash kills that process (the Coordinator confirms the death by identity, as after ``kill -9``) and
@@ -415,11 +418,22 @@ class CoordinatorModel(RuleBasedStateMachine):
             self.loop.run_until_complete(self.coordinator.admit())
 
     @rule(s=st.integers(0, len(SESSIONS) - 1), text=st.sampled_from(TEXTS), steer=st.booleans(),
-          repeat=st.integers(0, 3), wake=st.booleans())
-    def send_message(self, s: int, text: str, steer: bool, repeat: int, wake: bool = False) -> None:
+          repeat=st.integers(0, 3), wake=st.booleans(),
+          crash=st.sampled_from(["", "", "", "", "input.before_accept", "input.after_accept"]))
+    def send_message(self, s: int, text: str, steer: bool, repeat: int, wake: bool = False, crash: str = "") -> None:
         """``POST /sessions/{id}/messages``; one time in four a client's retry of an earlier message with
-        its ``client_request_id``, which answers the first message and changes nothing."""
+        its ``client_request_id``, which answers the first message and changes nothing. The server may die
+        at ``input.before_accept`` (nothing committed: the client's retry after the restart is the first
+        message) or ``input.after_accept`` (committed, never answered: the retry gets that message)."""
         self._step_start()
+        if crash == "input.before_accept":
+            COVERED[crash] += 1
+            counts = self.rows("SELECT (SELECT COUNT(*) FROM messages) AS m, (SELECT COUNT(*) FROM work_items) AS w")
+            self._server_dies(reboot=False)
+            assert self.rows("SELECT (SELECT COUNT(*) FROM messages) AS m, (SELECT COUNT(*) FROM work_items) AS w") \
+                == counts
+            self.check_invariants_after_each_step()
+            self._step_start()
         if repeat == 0 and self.sent:
             sid, crid, text, message_id = self.sent[(s * 7 + len(text)) % len(self.sent)]
         else:
@@ -439,14 +453,27 @@ class CoordinatorModel(RuleBasedStateMachine):
         else:
             assert created
             self.sent.append((sid, crid, text, msg["message_id"]))
+        if crash == "input.after_accept":  # no answer, no wake-up: the new server recovers, the client retries
+            COVERED[crash] += 1
+            self._server_dies(reboot=False)
+            self.check_invariants_after_each_step()
+            self._step_start()
+            counts = self.rows("SELECT (SELECT COUNT(*) FROM messages) AS m, (SELECT COUNT(*) FROM work_items) AS w")
+            again, created = self.tx(run)
+            assert not created and again["message_id"] == msg["message_id"], "the retry made a second message"
+            assert self.rows("SELECT (SELECT COUNT(*) FROM messages) AS m, (SELECT COUNT(*) FROM work_items) AS w") \
+                == counts
+            return
         self._wake(wake)
 
     @rule(s=st.integers(0, len(SESSIONS) - 1),
           action=st.sampled_from(["pause", "resume", "stop", "retry", "pause", "resume", "stop_all"]),
-          stale=st.integers(0, 4), wake=st.booleans())
-    def control(self, s: int, action: str, stale: int, wake: bool) -> None:
+          stale=st.integers(0, 4), wake=st.booleans(), crash=st.integers(0, 1))
+    def control(self, s: int, action: str, stale: int, wake: bool, crash: int = 1) -> None:
         """A session action as ``POST /sessions/{id}/actions`` commits it (End = stop), or ``stop_all``; one
-        time in five sent with an outdated ``expected_control_version`` (409, nothing changes)."""
+        time in five sent with an outdated ``expected_control_version`` (409, nothing changes). One stop in
+        two kills the server at ``control.after_stop_commit`` (the intent is durable; no kill or sweep
+        followed it): the new server recovers."""
         self._step_start()
         busy = [r["session_id"] for r in self.rows("SELECT DISTINCT session_id FROM work_items WHERE phase NOT IN"
                                                     " ('done', 'cancelled') ORDER BY session_id")]
@@ -471,6 +498,11 @@ class CoordinatorModel(RuleBasedStateMachine):
             COVERED[f"control {action}"] += 1
         except (NotFound, VersionConflict):
             COVERED["control refused"] += 1  # rolled back: nothing changed
+        else:
+            if action == "stop" and crash == 0:
+                COVERED["control.after_stop_commit"] += 1
+                self._server_dies(reboot=False)
+                return
         self._wake(wake)
 
     @rule(i=st.integers(0, 50), verdict=st.sampled_from(["approve", "approve", "deny"]), wake=st.booleans(),
@@ -787,7 +819,8 @@ def test_coordinator_model_over_random_histories(model_env: Env) -> None:
     if model_env.backend is None and histories >= 2000:
         for seen in ("unknown outcome", "approval consumed", "denied", "decision repeated", "message repeated",
                      "machine restart", "recovery.after_claim", "recovery.after_decision", "control pause",
-                     "control stop", "crash at provider.before_request"):
+                     "control stop", "crash at provider.before_request", "input.before_accept", "input.after_accept",
+                     "control.after_stop_commit"):
             assert COVERED[seen], f"no history had {seen!r}: {COVERED}"
         assert sum(n for k, n in COVERED.items() if k.startswith("crash at tool.")), COVERED
     elif model_env.backend is not None and histories >= 300:
