@@ -33,7 +33,8 @@ STOPPED_ERROR = "stopped by the person while the model was answering"
 
 
 class StoppedByPerson(Exception):
-    """The work was stopped while a model request was in flight: the request is closed."""
+    """The work was stopped while a model request was in flight (the request is closed), or a control
+    was committed before a Goal's requirements or acceptance request was recorded (none is sent)."""
 
 
 @dataclass

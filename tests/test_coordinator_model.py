@@ -39,9 +39,14 @@ The same model runs on the real PostgreSQL server (the shared store: ``FOR UPDAT
 instead of SQLite's one writer, counter rows for the logs' seqs), 300 histories, each on a schema
 emptied and filled from a template schema's rows.
 
+Goals: the last session holds them (``POST /goals`` as ``set_goal``, refused while one has not ended);
+their attempts go through the same points plus ``goal.todo_complete_before_acceptance`` and
+``goal.after_completion_commit``, with an acceptance review by the scripted model. Checked besides: a
+Goal that ended stays ended with exactly one terminal record; an achieved Goal's work is done.
+
 Not covered here: the REST handlers and ``GoalsService`` (the test commits what their transactions
-commit, through the same store functions), the detached shell tool, subtasks and durable waits, Goals,
-and several attempts sharing one event loop (each runs on its own).
+commit, through the same store functions), the detached shell tool, subtasks and durable waits, and
+several attempts sharing one event loop (each runs on its own).
 """
 
 from __future__ import annotations
@@ -72,8 +77,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from jupyter_goals.goals import acceptance as acceptance_module
+from jupyter_goals.goals import lifecycle as goal_lifecycle
 from jupyter_goals.identity import boot_id, host_name, process_start_time
-from jupyter_goals.models import ReasonCode
+from jupyter_goals.models import TERMINAL_GOAL_STATES, ReasonCode, Requirement
 from jupyter_goals.recovery import coordinator as coordinator_module
 from jupyter_goals.recovery.coordinator import Coordinator
 from jupyter_goals.runtime import turn as turn_module
@@ -92,7 +99,20 @@ MAX_CONCURRENT = 2
 MAX_RECOVERIES = 3
 # write: one call to the test tool; "write again": after an unknown outcome the model tries the write
 # again as a new call (which then needs a fresh approval bound to the unknown set)
+GOAL = "Produce marks"  # the objective of the Goals set in the model's last session
 RULES: list[dict[str, Any]] = [
+    # a Goal: independent acceptance judges its one requirement met; its turns make a mark, then submit
+    {"when": {"purpose": "acceptance", "goal_objective_contains": GOAL},
+     "respond": {"verdicts": [{"requirement_id": "r1", "verdict": "met", "evidence": "a mark was made"}],
+                 "usage": {"input_tokens": 2, "output_tokens": 1}}},
+    {"when": {"goal_objective_contains": GOAL, "last_tool_result_contains": "candidate submitted"},
+     "respond": {"text": "Submitted.", "usage": {"input_tokens": 2, "output_tokens": 1}}},
+    {"when": {"goal_objective_contains": GOAL, "last_tool_result_contains": "marked"},
+     "respond": {"tool_calls": [{"name": "update_goal", "arguments": {"candidate": True}}],
+                 "usage": {"input_tokens": 2, "output_tokens": 1}}},
+    {"when": {"goal_objective_contains": GOAL},
+     "respond": {"text": "Marking.", "tool_calls": [{"name": "mark", "arguments": {"goal": True}}],
+                 "usage": {"input_tokens": 2, "output_tokens": 1}}},
     {"when": {"last_user_contains": "again", "tool_result_unknown": True},
      "respond": {"text": "Trying again.", "tool_calls": [{"name": "mark", "arguments": {"again": True}}],
                  "usage": {"input_tokens": 3, "output_tokens": 2}}},
@@ -103,7 +123,8 @@ RULES: list[dict[str, Any]] = [
                  "usage": {"input_tokens": 2, "output_tokens": 2}}},
 ]
 TEXTS = ["chat", "write", "write again"]
-SESSIONS = [{"mode": "ask"}, {"mode": "bypass"}, {"mode": "bypass"}]
+SESSIONS = [{"mode": "ask"}, {"mode": "bypass"}, {"mode": "bypass"}, {"mode": "bypass"}]
+CHATS = len(SESSIONS) - 1  # messages go to the first three; the last one holds the Goals (controls reach all)
 REDACTOR = Redactor({})
 
 
@@ -374,18 +395,42 @@ class CoordinatorModel(RuleBasedStateMachine):
             os.environ["JUPYTER_GOALS_BOOT_ID"] = self.boot
 
     # ------------------------------------------------------------------ people
-    @initialize(first=st.lists(st.tuples(st.integers(0, len(SESSIONS) - 1), st.sampled_from(TEXTS)), max_size=3),
-                admit=st.booleans(), prefix=st.sampled_from(["", "", "", "approval asked", "approved", "unknown outcome"]))
-    def some_work(self, first: list[tuple[int, str]], admit: bool, prefix: str = "") -> None:
+    @initialize(first=st.lists(st.tuples(st.integers(0, CHATS - 1), st.sampled_from(TEXTS)), max_size=3),
+                admit=st.booleans(), prefix=st.sampled_from(["", "", "", "approval asked", "approved", "unknown outcome"]),
+                goal=st.sampled_from([-1, -1, -1, 0, 2, 4, 6, 8, 10, 12, 14, 16, 99]))
+    def some_work(self, first: list[tuple[int, str]], admit: bool, prefix: str = "", goal: int = -1) -> None:
         """Histories start with up to three requests, admitted at once or not yet, sometimes after a prefix
         played by the same real machinery: a write waiting for its approval, the approval given, or a write
-        whose worker died after it began (its outcome unknown; its work then restricted)."""
+        whose worker died after it began (its outcome unknown; its work then restricted); and sometimes a
+        Goal whose attempt went ``goal`` interruption points in (its mark, its submission, its acceptance
+        review and completion lie 2 to 16 points in; 99: to its end), so that six random steps reach each."""
         if prefix:
             self._prefix(prefix)
+        if goal >= 0:
+            self._goal_prefix(goal)
         for s, text in first:
             self.send_message(s, text, False, 1, False)
         if admit or not (first or prefix):
             self.server("admit")
+
+    def _goal_prefix(self, hops: int) -> None:
+        check = self.check_invariants_after_each_step
+        self.set_goal(True)
+        check()
+        if not hops:
+            return
+        for t in self.live_threads():  # a prefix's attempt still running goes on first
+            while not t.done:
+                t.advance()
+        check()
+        assert self._claim() or self.live_threads()
+        t = self.live_threads()[-1]
+        for _ in range(hops):
+            if t.done:
+                break
+            t.advance()
+            assert t.error is None, t.error
+        check()
 
     def _prefix(self, prefix: str) -> None:
         check = self.check_invariants_after_each_step
@@ -417,7 +462,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         if wake:
             self.loop.run_until_complete(self.coordinator.admit())
 
-    @rule(s=st.integers(0, len(SESSIONS) - 1), text=st.sampled_from(TEXTS), steer=st.booleans(),
+    @rule(s=st.integers(0, CHATS - 1), text=st.sampled_from(TEXTS), steer=st.booleans(),
           repeat=st.integers(0, 3), wake=st.booleans(),
           crash=st.sampled_from(["", "", "", "", "input.before_accept", "input.after_accept"]))
     def send_message(self, s: int, text: str, steer: bool, repeat: int, wake: bool = False, crash: str = "") -> None:
@@ -491,7 +536,10 @@ class CoordinatorModel(RuleBasedStateMachine):
             if action == "stop":
                 for other in c.unfinished_work_of_session(tx, sid, except_work_id=work["work_id"]):
                     c.apply_control(tx, other, "stop", None)
-            return c.apply_control(tx, work, action, expected)
+                    goal_lifecycle.sync_with_work(tx, other, "stop")
+            work = c.apply_control(tx, work, action, expected)
+            goal_lifecycle.sync_with_work(tx, work, action)  # a Goal's work item moves its Goal too
+            return work
 
         try:
             self.tx(run)
@@ -526,6 +574,25 @@ class CoordinatorModel(RuleBasedStateMachine):
         assert state == "pending"
         (self.approved if verdict == "approve" else self.denied).add(aid)
         COVERED["approved" if verdict == "approve" else "denied"] += 1
+        self._wake(wake)
+
+    @rule(wake=st.booleans())
+    def set_goal(self, wake: bool) -> None:
+        """``POST /goals`` in the Goal session: the objective, its one requirement and the Goal's work item
+        committed together; refused (409) while the session's last Goal has not ended."""
+        self._step_start()
+        sid = self.sessions[CHATS]
+
+        def run(tx: Tx) -> Row:
+            return goal_lifecycle.create(tx, c.get_session(tx, sid), GOAL, [Requirement(text="a mark is made")], {},
+                                         host=host_name(), auto_recover=True)
+
+        try:
+            self.tx(run)
+            COVERED["goal set"] += 1
+        except VersionConflict:
+            COVERED["goal refused"] += 1
+            return
         self._wake(wake)
 
     # ------------------------------------------------------------------ the server
@@ -633,6 +700,8 @@ class CoordinatorModel(RuleBasedStateMachine):
                                      " w.work_id = m.work_id WHERE m.consumed = 0 AND w.phase = 'done'"),
                 requests=Counter({r["work_id"]: r["n"] for r in tx.all(
                     "SELECT work_id, COUNT(*) AS n FROM requests GROUP BY work_id")}),
+                goals={r["goal_id"]: r for r in tx.all("SELECT goal_id, work_id, state FROM goals")},
+                goal_records=Counter(r["goal_id"] for r in tx.all("SELECT goal_id FROM goal_history")),
             )
 
         snap: Snapshot = self.db.transact(read, write=False)
@@ -664,7 +733,23 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.held_work_is_never_admitted_and_starts_nothing(before, now)
         assert not now.lost_messages, f"accepted messages lost: {now.lost_messages}"
         self.run_work_is_admitted_or_waiting_with_a_reason(now)
+        self.goals_end_once(before, now)
         self.last = now
+
+    def goals_end_once(self, before: Snapshot, now: Snapshot) -> None:
+        """A Goal that ended stays ended, in the state it ended in, with exactly one terminal record; an
+        achieved Goal's work is done."""
+        for gid, goal in now.goals.items():
+            was = before.goals.get(gid)
+            if was is not None and was["state"] in TERMINAL_GOAL_STATES:
+                assert goal["state"] == was["state"], f"Goal {gid} ended {was['state']}, now {goal['state']}"
+            if goal["state"] in TERMINAL_GOAL_STATES:
+                COVERED[f"goal {goal['state']}"] += was is None or was["state"] != goal["state"]
+                assert now.goal_records[gid] == 1, f"Goal {gid} {goal['state']} with {now.goal_records[gid]} records"
+            else:
+                assert now.goal_records[gid] == 0, f"Goal {gid} still {goal['state']} has a terminal record"
+            if goal["state"] == "achieved":
+                assert now.work[goal["work_id"]]["phase"] == "done", (goal, now.work[goal["work_id"]])
 
     def at_most_one_owner(self, now: Snapshot) -> None:
         live = [a for a in now.attempts if a["state"] in ("admitted", "running")]
@@ -772,6 +857,8 @@ class Snapshot:
     approvals: list[Row] = field(default_factory=list)
     lost_messages: list[Row] = field(default_factory=list)
     requests: Counter[str] = field(default_factory=Counter)
+    goals: dict[str, Row] = field(default_factory=dict)
+    goal_records: Counter[str] = field(default_factory=Counter)
     runs: Counter[str] = field(default_factory=Counter)
     log_size: int = 0
 
@@ -793,6 +880,7 @@ def model_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
         backend = Backend("postgresql", base)
     monkeypatch.setattr(turn_module, "crash_point", interruption_point)
     monkeypatch.setattr(coordinator_module, "crash_point", interruption_point)
+    monkeypatch.setattr(acceptance_module, "crash_point", interruption_point)
     COVERED.clear()
     try:
         ENV = Env(base, backend)
@@ -820,13 +908,14 @@ def test_coordinator_model_over_random_histories(model_env: Env) -> None:
         for seen in ("unknown outcome", "approval consumed", "denied", "decision repeated", "message repeated",
                      "machine restart", "recovery.after_claim", "recovery.after_decision", "control pause",
                      "control stop", "crash at provider.before_request", "input.before_accept", "input.after_accept",
-                     "control.after_stop_commit"):
+                     "control.after_stop_commit", "goal achieved", "crash at goal.todo_complete_before_acceptance",
+                     "crash at goal.after_completion_commit"):
             assert COVERED[seen], f"no history had {seen!r}: {COVERED}"
         assert sum(n for k, n in COVERED.items() if k.startswith("crash at tool.")), COVERED
     elif model_env.backend is not None and histories >= 300:
         # the events seen 15 times or more per 300 histories (the rarer ones are left to SQLite's 2,000)
         for seen in ("unknown outcome", "approval consumed", "decision repeated", "message repeated",
-                     "machine restart", "control pause"):
+                     "machine restart", "control pause", "goal achieved"):
             assert COVERED[seen], f"no history had {seen!r}: {COVERED}"
         assert sum(n for k, n in COVERED.items() if k.startswith("crash at ")), COVERED
 
@@ -911,3 +1000,34 @@ def test_a_session_runs_one_item_at_a_time_while_a_paused_or_stopped_step_ends(m
     machine.send_message(0, "chat", False, 1, True)
     assert len(machine.rows("SELECT work_id FROM attempts WHERE state IN ('admitted', 'running')")) == 1
     machine.check_invariants_after_each_step()
+
+
+@pytest.mark.parametrize("action", ["stop", "pause"])
+def test_a_control_committed_before_a_goals_acceptance_review_sends_no_review(
+    machine: CoordinatorModel, action: str
+) -> None:
+    """Found by the model: a Stop (or Pause) committed by another process after a Goal's candidate was
+    submitted, before its acceptance review was recorded, still sent the review (a paid model request for
+    work the person had stopped). Now the review is not recorded nor sent and the attempt yields: a
+    stopped Goal is cancelled with its one record; a paused one, resumed, is reviewed and achieved."""
+    machine.set_goal(True)
+    machine.check_invariants_after_each_step()
+    t = until(machine, "goal.todo_complete_before_acceptance")
+    machine.control(CHATS, action, 1, False, 1)
+    machine.check_invariants_after_each_step()
+    go(machine, t)
+    assert t.done
+    assert not machine.rows("SELECT 1 FROM requests WHERE purpose = 'acceptance'")
+    work = machine.rows("SELECT desired_state, phase FROM work_items")[0]
+    goal = machine.rows("SELECT state FROM goals")[0]
+    if action == "stop":
+        assert (work["phase"], goal["state"]) == ("cancelled", "cancelled"), (work, goal)
+        return
+    assert (work["phase"], goal["state"]) == ("paused", "paused"), (work, goal)
+    machine.control(CHATS, "resume", 1, True, 1)
+    machine.check_invariants_after_each_step()
+    t = machine.live_threads()[-1] if machine.live_threads() else until(machine, "goal.todo_complete_before_acceptance")
+    while not t.done:
+        go(machine, t)
+    assert machine.rows("SELECT state FROM goals")[0]["state"] == "achieved"
+    assert len(machine.rows("SELECT 1 FROM requests WHERE purpose = 'acceptance'")) == 1

@@ -119,6 +119,12 @@ async def _complete(ctx: StepContext, request: ProviderRequest, model: str) -> P
 def _record(ctx: StepContext, tx: Tx, purpose: Purpose) -> tuple[Row, Row, str, str]:
     ctx.fence(tx)
     work = c.get_work(tx, ctx.attempt["work_id"])
+    if work["desired_state"] != "run" or int(work["control_version"]) != int(ctx.attempt["control_version"]):
+        # a Pause, Stop or permission change committed since this attempt was admitted (another process may
+        # commit one between two of our transactions, as before an acceptance review): no new paid request;
+        # nothing of this transaction is kept and the attempt yields to the control
+        raise paid.StoppedByPerson(f"work {work['work_id']} is {work['desired_state']} at control version "
+                                   f"{work['control_version']}")
     goal = lifecycle.attribute(tx, work)
     assert goal is not None
     model = c.get_session(tx, work["session_id"])["model"] or ctx.default_model
