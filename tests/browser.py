@@ -317,10 +317,14 @@ class LabPage:
         return lab
 
     def wait_restored(self, timeout_ms: float = 60_000) -> None:
-        """Wait until JupyterLab has started and restored its layout."""
+        """Wait until JupyterLab has started, restored its layout and filled its main area. The file
+        browser opens a Launcher in an empty main area only after its first directory listing, which
+        can come after ``app.restored``; the Launcher then takes the focus, and an open dialog sends a
+        focus that leaves it back to its first field (a keyboard test's Tab then lands there instead)."""
         self.page.wait_for_function("() => window.jupyterapp !== undefined", timeout=timeout_ms)
         self.page.evaluate("() => window.jupyterapp.restored.then(() => true)")
         self.page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=timeout_ms)
+        self.page.wait_for_function("() => !window.jupyterapp.shell.isEmpty('main')", timeout=timeout_ms)
 
     def reload(self, timeout_ms: float = 60_000) -> None:
         self.page.reload()

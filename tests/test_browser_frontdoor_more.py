@@ -35,7 +35,7 @@ from .browser import (
 from .servers import running_shell, write_script
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser
+    from playwright.sync_api import Browser, Locator, Page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -43,6 +43,18 @@ require_chromium()
 
 #: an API key variable nobody sets: the named model that reads it has no credentials
 MISSING_KEY_ENV = "JUPYTER_GOALS_TEST_NEVER_SET_KEY"
+
+
+def focused(page: Page, locator: Locator) -> None:
+    """``locator`` has the keyboard focus; if not, the failure names the element that has it (and the
+    focus moves seen meanwhile) so that a focus taken by something else says what took it."""
+    from playwright.sync_api import expect
+
+    try:
+        expect(locator).to_be_focused()
+    except AssertionError as exc:
+        active = page.evaluate("() => { const a = document.activeElement; return a ? a.outerHTML.slice(0, 300) : null }")
+        raise AssertionError(f"{exc}\nthe focus is on: {active}") from exc
 
 
 def test_keyboard_creates_a_chat_reaches_message_then_send_and_enter_sends(browser: Browser, tmp_path: Path) -> None:
@@ -61,11 +73,11 @@ def test_keyboard_creates_a_chat_reaches_message_then_send_and_enter_sends(brows
             page.get_by_role("button", name="New chat", exact=True).focus()
             page.keyboard.press("Enter")
             dialog = page.get_by_role("dialog")
-            expect(dialog.get_by_label("Title")).to_be_focused()
+            focused(page, dialog.get_by_label("Title"))
             page.keyboard.type("keyboard chat")
             for name in ("Working folder", "Model", "Permission mode", "Allowed tools (comma separated)"):
                 page.keyboard.press("Tab")
-                expect(dialog.get_by_label(name)).to_be_focused()
+                focused(page, dialog.get_by_label(name))
             page.keyboard.type("shell")
             page.keyboard.press("Enter")
 
@@ -80,12 +92,12 @@ def test_keyboard_creates_a_chat_reaches_message_then_send_and_enter_sends(brows
             send_button = view.get_by_role("button", name="Send", exact=True)
             view.get_by_role("log", name="Transcript").focus()
             page.keyboard.press("Tab")
-            expect(box).to_be_focused()
+            focused(page, box)
             page.keyboard.press("Tab")
-            expect(send_button).to_be_focused()
+            focused(page, send_button)
 
             page.keyboard.press("Shift+Tab")
-            expect(box).to_be_focused()
+            focused(page, box)
             page.keyboard.type("first line")
             page.keyboard.press("Shift+Enter")  # a new line, not a send
             page.keyboard.type("list")
@@ -98,7 +110,7 @@ def test_keyboard_creates_a_chat_reaches_message_then_send_and_enter_sends(brows
             box.focus()
             page.keyboard.type("hello")
             page.keyboard.press("Tab")
-            expect(send_button).to_be_focused()
+            focused(page, send_button)
             page.keyboard.press("Enter")  # the focused Send button
             item(view, "assistant", "I am the offline demo model").wait_for(timeout=60_000)
             users = [i["content"] for i in transcript(server, session_id) if i["kind"] == "user"]
