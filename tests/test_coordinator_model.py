@@ -44,9 +44,15 @@ their attempts go through the same points plus ``goal.todo_complete_before_accep
 ``goal.after_completion_commit``, with an acceptance review by the scripted model. Checked besides: a
 Goal that ended stays ended with exactly one terminal record; an achieved Goal's work is done.
 
+Subtasks: a chat that says "delegate" starts one with ``spawn_subtask`` (a state tool that creates
+work) and waits without model turns; the child (its own session) makes a mark and answers; its result is
+delivered to the parent through ``child.before_delivery`` / ``child.after_delivery``. Checked besides:
+no parent model turn while it waits, at most one delivered result per subtask started, and a stopped
+parent's subtasks stopped or finished.
+
 Not covered here: the REST handlers and ``GoalsService`` (the test commits what their transactions
-commit, through the same store functions), the detached shell tool, subtasks and durable waits, and
-several attempts sharing one event loop (each runs on its own).
+commit, through the same store functions), the detached shell tool, Jobs and durable waits other than
+a subtask's, and several attempts sharing one event loop (each runs on its own).
 """
 
 from __future__ import annotations
@@ -99,6 +105,7 @@ MAX_CONCURRENT = 2
 MAX_RECOVERIES = 3
 # write: one call to the test tool; "write again": after an unknown outcome the model tries the write
 # again as a new call (which then needs a fresh approval bound to the unknown set)
+IDLE_TURN = "IDLE TURN WHILE A SUBTASK RUNS"
 GOAL = "Produce marks"  # the objective of the Goals set in the model's last session
 RULES: list[dict[str, Any]] = [
     # a Goal: independent acceptance judges its one requirement met; its turns make a mark, then submit
@@ -113,6 +120,21 @@ RULES: list[dict[str, Any]] = [
     {"when": {"goal_objective_contains": GOAL},
      "respond": {"text": "Marking.", "tool_calls": [{"name": "mark", "arguments": {"goal": True}}],
                  "usage": {"input_tokens": 2, "output_tokens": 1}}},
+    # a subtask: the parent delegates and waits without model turns; the child makes a mark and answers;
+    # the parent continues once the child's result is delivered
+    {"when": {"last_user_contains": "child marked"},
+     "respond": {"text": "Parent done.", "usage": {"input_tokens": 2, "output_tokens": 1}}},
+    {"when": {"last_user_contains": "mark for the parent", "last_tool_result_contains": "marked"},
+     "respond": {"text": "child marked", "usage": {"input_tokens": 2, "output_tokens": 1}}},
+    {"when": {"last_user_contains": "mark for the parent"},
+     "respond": {"text": "Child marking.", "tool_calls": [{"name": "mark", "arguments": {"child": True}}],
+                 "usage": {"input_tokens": 2, "output_tokens": 1}}},
+    {"when": {"last_user_contains": "delegate", "last_tool_result_contains": "started subtask"},
+     "respond": {"text": IDLE_TURN}},  # a model turn while the subtask runs: must never happen
+    {"when": {"last_user_contains": "delegate"},
+     "respond": {"text": "Delegating.", "tool_calls": [{"name": "spawn_subtask",
+                                                        "arguments": {"task": "mark for the parent"}}],
+                 "usage": {"input_tokens": 2, "output_tokens": 1}}},
     {"when": {"last_user_contains": "again", "tool_result_unknown": True},
      "respond": {"text": "Trying again.", "tool_calls": [{"name": "mark", "arguments": {"again": True}}],
                  "usage": {"input_tokens": 3, "output_tokens": 2}}},
@@ -122,7 +144,7 @@ RULES: list[dict[str, Any]] = [
      "respond": {"text": "Writing.", "tool_calls": [{"name": "mark", "arguments": {}}],
                  "usage": {"input_tokens": 2, "output_tokens": 2}}},
 ]
-TEXTS = ["chat", "write", "write again"]
+TEXTS = ["chat", "write", "write again", "delegate"]
 SESSIONS = [{"mode": "ask"}, {"mode": "bypass"}, {"mode": "bypass"}, {"mode": "bypass"}]
 CHATS = len(SESSIONS) - 1  # messages go to the first three; the last one holds the Goals (controls reach all)
 REDACTOR = Redactor({})
@@ -396,12 +418,14 @@ class CoordinatorModel(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ people
     @initialize(first=st.lists(st.tuples(st.integers(0, CHATS - 1), st.sampled_from(TEXTS)), max_size=3),
-                admit=st.booleans(), prefix=st.sampled_from(["", "", "", "approval asked", "approved", "unknown outcome"]),
+                admit=st.booleans(), prefix=st.sampled_from(["", "", "", "approval asked", "approved", "unknown outcome", "delegated",
+                                                       "delegated 3", "delegated 6", "delegated 99", "delegated 99"]),
                 goal=st.sampled_from([-1, -1, -1, 0, 2, 4, 6, 8, 10, 12, 14, 16, 99]))
     def some_work(self, first: list[tuple[int, str]], admit: bool, prefix: str = "", goal: int = -1) -> None:
         """Histories start with up to three requests, admitted at once or not yet, sometimes after a prefix
         played by the same real machinery: a write waiting for its approval, the approval given, or a write
-        whose worker died after it began (its outcome unknown; its work then restricted); and sometimes a
+        whose worker died after it began (its outcome unknown; its work then restricted), or a chat that
+        delegated to a subtask now waiting for it, the child 0, 3, 6 points in or finished; and sometimes a
         Goal whose attempt went ``goal`` interruption points in (its mark, its submission, its acceptance
         review and completion lie 2 to 16 points in; 99: to its end), so that six random steps reach each."""
         if prefix:
@@ -445,6 +469,24 @@ class CoordinatorModel(RuleBasedStateMachine):
             self._worker_dies()
             self.server("recover")
             check()
+            return
+        if prefix.startswith("delegated"):  # the parent spawned its subtask and waits; the child went n points in
+            self.send_message(1, "delegate", False, 1, True)
+            check()
+            assert self._claim()
+            t = self.live_threads()[-1]
+            while not t.done:
+                t.advance()
+            self.server("admit")
+            check()
+            hops = int(prefix.split()[-1]) if prefix != "delegated" else 0
+            if hops and self._claim():
+                t = self.live_threads()[-1]
+                for _ in range(hops):
+                    if t.done:
+                        break
+                    t.advance()
+                check()
             return
         self.send_message(0, "write", False, 1, True)
         check()
@@ -702,6 +744,11 @@ class CoordinatorModel(RuleBasedStateMachine):
                     "SELECT work_id, COUNT(*) AS n FROM requests GROUP BY work_id")}),
                 goals={r["goal_id"]: r for r in tx.all("SELECT goal_id, work_id, state FROM goals")},
                 goal_records=Counter(r["goal_id"] for r in tx.all("SELECT goal_id FROM goal_history")),
+                children={r["work_id"]: r for r in tx.all(
+                    "SELECT work_id, parent_work_id, desired_state, phase FROM work_items WHERE parent_work_id IS NOT NULL")},
+                deliveries=Counter(r["work_id"] for r in tx.all(
+                    "SELECT work_id FROM transcript WHERE kind = 'subtask_result'")),
+                idle_turns=int(tx.scalar("SELECT COUNT(*) AS n FROM transcript WHERE content = ?", (IDLE_TURN,)) or 0),
             )
 
         snap: Snapshot = self.db.transact(read, write=False)
@@ -734,7 +781,23 @@ class CoordinatorModel(RuleBasedStateMachine):
         assert not now.lost_messages, f"accepted messages lost: {now.lost_messages}"
         self.run_work_is_admitted_or_waiting_with_a_reason(now)
         self.goals_end_once(before, now)
+        self.subtasks_deliver_once_and_never_outlive_a_stop(now)
         self.last = now
+
+    def subtasks_deliver_once_and_never_outlive_a_stop(self, now: Snapshot) -> None:
+        """A parent gets at most one result per subtask it started, never takes a model turn while it
+        waits for one, and a stopped parent's subtasks are stopped (or finished) too."""
+        assert now.idle_turns == 0, "the parent took a model turn while its subtask ran"
+        started = Counter(child["parent_work_id"] for child in now.children.values())
+        for parent, n in now.deliveries.items():
+            assert n <= started[parent], f"{parent} got {n} subtask results for {started[parent]} subtasks"
+            COVERED["subtask result delivered"] += n - self.last.deliveries[parent]
+        for child in now.children.values():
+            COVERED["subtask " + child["phase"]] += child["work_id"] not in self.last.children or \
+                self.last.children[child["work_id"]]["phase"] != child["phase"]
+            parent = now.work[child["parent_work_id"]]
+            if parent["desired_state"] == "cancelled":
+                assert child["desired_state"] == "cancelled" or child["phase"] in ("done", "cancelled"), (parent, child)
 
     def goals_end_once(self, before: Snapshot, now: Snapshot) -> None:
         """A Goal that ended stays ended, in the state it ended in, with exactly one terminal record; an
@@ -859,6 +922,9 @@ class Snapshot:
     requests: Counter[str] = field(default_factory=Counter)
     goals: dict[str, Row] = field(default_factory=dict)
     goal_records: Counter[str] = field(default_factory=Counter)
+    children: dict[str, Row] = field(default_factory=dict)
+    deliveries: Counter[str] = field(default_factory=Counter)
+    idle_turns: int = 0
     runs: Counter[str] = field(default_factory=Counter)
     log_size: int = 0
 
@@ -909,13 +975,14 @@ def test_coordinator_model_over_random_histories(model_env: Env) -> None:
                      "machine restart", "recovery.after_claim", "recovery.after_decision", "control pause",
                      "control stop", "crash at provider.before_request", "input.before_accept", "input.after_accept",
                      "control.after_stop_commit", "goal achieved", "crash at goal.todo_complete_before_acceptance",
-                     "crash at goal.after_completion_commit"):
+                     "crash at goal.after_completion_commit", "subtask result delivered"):
             assert COVERED[seen], f"no history had {seen!r}: {COVERED}"
         assert sum(n for k, n in COVERED.items() if k.startswith("crash at tool.")), COVERED
+        assert sum(n for k, n in COVERED.items() if k.startswith("crash at child.")), COVERED
     elif model_env.backend is not None and histories >= 300:
         # the events seen 15 times or more per 300 histories (the rarer ones are left to SQLite's 2,000)
         for seen in ("unknown outcome", "approval consumed", "decision repeated", "message repeated",
-                     "machine restart", "control pause", "goal achieved"):
+                     "machine restart", "control pause", "goal achieved", "subtask done"):
             assert COVERED[seen], f"no history had {seen!r}: {COVERED}"
         assert sum(n for k, n in COVERED.items() if k.startswith("crash at ")), COVERED
 
