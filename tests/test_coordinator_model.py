@@ -231,6 +231,15 @@ class AttemptThread:
         self._thread.join()
 
 
+def go_on(t: AttemptThread, hops: int | None = None) -> None:
+    """Let an attempt go through ``hops`` more interruption points, or to its end (None)."""
+    n = 0
+    while not t.done and (hops is None or n < hops):
+        t.advance()
+        assert t.error is None, t.error
+        n += 1
+
+
 # --------------------------------------------------------------------------- stand-in processes
 
 
@@ -444,16 +453,10 @@ class CoordinatorModel(RuleBasedStateMachine):
         if not hops:
             return
         for t in self.live_threads():  # a prefix's attempt still running goes on first
-            while not t.done:
-                t.advance()
+            go_on(t)
         check()
         assert self._claim() or self.live_threads()
-        t = self.live_threads()[-1]
-        for _ in range(hops):
-            if t.done:
-                break
-            t.advance()
-            assert t.error is None, t.error
+        go_on(self.live_threads()[-1], hops)
         check()
 
     def _prefix(self, prefix: str) -> None:
@@ -474,26 +477,18 @@ class CoordinatorModel(RuleBasedStateMachine):
             self.send_message(1, "delegate", False, 1, True)
             check()
             assert self._claim()
-            t = self.live_threads()[-1]
-            while not t.done:
-                t.advance()
+            go_on(self.live_threads()[-1])
             self.server("admit")
             check()
             hops = int(prefix.split()[-1]) if prefix != "delegated" else 0
             if hops and self._claim():
-                t = self.live_threads()[-1]
-                for _ in range(hops):
-                    if t.done:
-                        break
-                    t.advance()
+                go_on(self.live_threads()[-1], hops)
                 check()
             return
         self.send_message(0, "write", False, 1, True)
         check()
         assert self._claim()
-        t = self.live_threads()[-1]
-        while not t.done:
-            t.advance()
+        go_on(self.live_threads()[-1])
         check()
         if prefix == "approved":
             self.decide_approval(0, "approve", True, 1)

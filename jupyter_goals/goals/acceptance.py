@@ -119,7 +119,7 @@ async def _complete(ctx: StepContext, request: ProviderRequest, model: str) -> P
 def _record(ctx: StepContext, tx: Tx, purpose: Purpose) -> tuple[Row, Row, str, str]:
     ctx.fence(tx)
     work = c.get_work(tx, ctx.attempt["work_id"])
-    if work["desired_state"] != "run" or int(work["control_version"]) != int(ctx.attempt["control_version"]):
+    if not c.runs_as_admitted(work, ctx.attempt):
         # a Pause, Stop or permission change committed since this attempt was admitted (another process may
         # commit one between two of our transactions, as before an acceptance review): no new paid request;
         # nothing of this transaction is kept and the attempt yields to the control

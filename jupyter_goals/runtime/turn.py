@@ -348,7 +348,7 @@ class TurnRunner:
 
     def _runnable(self, work: Row) -> bool:
         """The work still wants to run at the control version this attempt was admitted under."""
-        return work["desired_state"] == "run" and int(work["control_version"]) == int(self.attempt["control_version"])
+        return c.runs_as_admitted(work, self.attempt)
 
     def _controlled(self, tx: Tx, work: Row) -> bool:
         """A pause, stop or other control committed since this step was chosen (another process may

@@ -29,6 +29,7 @@ __all__ = [
     "mark_worker_stopped",
     "fence",
     "fence_with_run_state",
+    "runs_as_admitted",
     "bump_commit_point",
     "open_turn",
     "rebind_planned_calls",
@@ -117,6 +118,13 @@ def fence(tx: Tx, attempt_id: str, generation: int) -> None:
     )
     if row is None:
         raise FencedError(f"attempt {attempt_id} (generation {generation}) is fenced")
+
+
+def runs_as_admitted(work: Row, attempt: Row) -> bool:
+    """The work still wants to run at the control version ``attempt`` was admitted under: no Pause, Stop
+    or permission change since. Before any new model request or tool call (``work`` may be the row of
+    ``fence_with_run_state``)."""
+    return work["desired_state"] == "run" and int(work["control_version"]) == int(attempt["control_version"])
 
 
 def fence_with_run_state(tx: Tx, attempt_id: str, generation: int) -> Row:
