@@ -14,6 +14,8 @@ import errno
 import json
 import os
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +65,11 @@ async def release(pipe: Path, turn: asyncio.Task[Any], within_s: float = 10.0) -
         return
 
 
-async def test_cancel_tool_on_a_running_call_that_is_not_a_shell_command_answers_409(
-    api: Api, chat: dict[str, Any]  # noqa: F811
-) -> None:
+@asynccontextmanager
+async def pipe_read_running(api: Api, chat: dict[str, Any]) -> AsyncIterator[tuple[str, Database, Row]]:  # noqa: F811
+    """A chat whose turn (run by a worker in this process) is inside a dispatched ``read_file`` of the pipe:
+    yields the session id, control.db and the call's effect row; on the way out the pipe is written and
+    the turn awaited."""
     sid = await api.new_session(cwd=str(chat["root"]), model=chat["model"], permissions={"mode": "bypass"})
     await api.send(sid, "read the pipe", "r1")
     db = Database(f"sqlite:///{chat['state'] / 'control.db'}", inline=True)
@@ -78,6 +82,19 @@ async def test_cancel_tool_on_a_running_call_that_is_not_a_shell_command_answers
         while (eff := dispatched()) is None:
             assert time.monotonic() < deadline and not turn.done(), "the read_file call was never dispatched"
             await asyncio.sleep(0.02)
+        yield sid, db, eff
+    finally:
+        await release(chat["root"] / "pipe", turn)
+        try:
+            await asyncio.wait_for(turn, timeout=10)
+        finally:
+            db.close()
+
+
+async def test_cancel_tool_on_a_running_call_that_is_not_a_shell_command_answers_409(
+    api: Api, chat: dict[str, Any]  # noqa: F811
+) -> None:
+    async with pipe_read_running(api, chat) as (sid, db, eff):
         assert eff["tool"] == "read_file"
         for target in (eff["effect_id"], eff["call_id"]):  # a transcript item names the call by its call id
             code, answer = await api.call("POST", f"sessions/{sid}/actions",
@@ -93,15 +110,36 @@ async def test_cancel_tool_on_a_running_call_that_is_not_a_shell_command_answers
         assert not [e for e in events if e["kind"] == "effect.cancel_requested"]
         snap = await api.ok("GET", f"sessions/{sid}")
         assert snap["work"]["desired_state"] == "run"
-    finally:
-        await release(chat["root"] / "pipe", turn)
-        try:
-            await asyncio.wait_for(turn, timeout=10)
-        finally:
-            db.close()
     # the call ended by itself with its real result, and the turn went on with it
     snap = await api.ok("GET", f"sessions/{sid}")
     assert snap["work"]["phase"] == "done"
     [result] = [i for i in snap["transcript"]["items"] if i["kind"] == "tool_result"]
     assert (result["state"], result["content"]) == ("committed", "text from the pipe\n")
     assert [i["content"] for i in snap["transcript"]["items"] if i["kind"] == "assistant"][-1] == "Read it."
+
+
+async def test_work_being_stopped_cannot_be_paused_resumed_or_retried_back_to_run(
+    api: Api, chat: dict[str, Any]  # noqa: F811
+) -> None:
+    """A Stop committed while a call that cannot be cancelled still runs leaves the work stopping (intent
+    ``cancelled``, phase not yet ended). A Pause, Resume or Retry sent then (a stale page, a script) is a 409
+    and changes nothing: otherwise Pause then Resume would turn stopped work back to ``run`` (found by the
+    Coordinator model). The call ends by itself, its result is kept, and no further model turn runs."""
+    async with pipe_read_running(api, chat) as (sid, _db, _eff):
+        await api.ok("POST", f"sessions/{sid}/actions", {"action": "stop"})
+        stopping = await api.ok("GET", f"sessions/{sid}")
+        assert stopping["work"]["desired_state"] == "cancelled" and stopping["work"]["phase"] == "working"
+        assert (stopping["actions"]["can_pause"], stopping["actions"]["can_resume"]) == (False, False)
+        for action in ("pause", "resume", "retry", "pause"):
+            code, answer = await api.call("POST", f"sessions/{sid}/actions", {"action": action})
+            assert code == 409, (action, answer)
+            assert_error(answer, "conflict")
+            assert "being stopped" in answer["message"]
+        again = await api.ok("GET", f"sessions/{sid}")
+        assert again["work"]["desired_state"] == "cancelled"
+        assert again["work"]["control_version"] == stopping["work"]["control_version"]
+    snap = await api.ok("GET", f"sessions/{sid}")
+    assert (snap["work"]["phase"], snap["work"]["reason_code"]) == ("cancelled", "user_stopped")
+    [result] = [i for i in snap["transcript"]["items"] if i["kind"] == "tool_result"]
+    assert (result["state"], result["content"]) == ("committed", "text from the pipe\n")
+    assert not [i for i in snap["transcript"]["items"] if i["kind"] == "assistant" and i["content"] == "Read it."]

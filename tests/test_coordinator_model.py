@@ -879,6 +879,8 @@ class CoordinatorModel(RuleBasedStateMachine):
         dispatched_before = Counter(e["work_id"] for e in before.effects.values() if e["dispatched_at"] is not None)
         for wid, w in now.work.items():
             was = before.work.get(wid)
+            if was is not None and was["desired_state"] == "cancelled":  # a stop is final
+                assert w["desired_state"] == "cancelled", f"{wid} was being stopped, now {w['desired_state']}"
             if was is None or was["desired_state"] == "run" or w["desired_state"] == "run":
                 continue
             assert now.requests[wid] == before.requests[wid], f"{wid} held, yet a model request started"

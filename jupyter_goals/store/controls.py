@@ -42,6 +42,10 @@ def apply_control(tx: Tx, work: Row, action: str, expected_version: int | None) 
         )
     if work["phase"] in (Phase.DONE, Phase.CANCELLED):
         raise VersionConflict(f"work {work['work_id']} already ended ({work['phase']})")
+    if work["desired_state"] == DesiredState.CANCELLED and action != "stop":
+        # a stop is final: the step still running when it was committed ends, and nothing else may turn
+        # the intent back (a Pause and then a Resume would otherwise run stopped work again)
+        raise VersionConflict(f"work {work['work_id']} is being stopped; a stop cannot be undone (start new work instead)")
     desired = CONTROL_TARGET[action]
     version = int(work["control_version"]) + 1
     now = time.time()
