@@ -19,7 +19,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.servers import write_script
+from tests.servers import free_port, write_script
 
 if TYPE_CHECKING:  # playwright is imported lazily so that a missing browser can skip cleanly
     from playwright.sync_api import Browser, ConsoleMessage, Locator, Page
@@ -61,12 +60,6 @@ def chromium_missing_reason() -> str | None:
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
         return f"{CHROMIUM} not found: run .ci/install-chromium.sh (Debian's chromium package)"
     return None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def installed_labextension() -> Path | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import sqlite3
@@ -29,10 +30,28 @@ from jupyter_goals.notebook.client import GoalsClient
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Ports for the servers tests start: below the kernel's ephemeral range (32768-60999 here), so no outgoing
+# connection holds one, and a block of its own per pytest-xdist worker, so two workers never pick the same
+# port between choosing it and the server binding it (which a bind to port 0 and close allows).
+_PORT_BLOCK = 1000
+_next_port = random.Random().randrange(_PORT_BLOCK)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, from this xdist worker's own block (``gw0`` 20000-20999, ``gw1`` 21000-...; 12 workers at most)."""
+    global _next_port
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    base = 20000 + _PORT_BLOCK * (int(worker) if worker.isdigit() else 0)
+    for _ in range(_PORT_BLOCK):
+        port = base + _next_port % _PORT_BLOCK
+        _next_port += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (or a killed server's connections still in TIME_WAIT)
+            return port
+    raise RuntimeError(f"no free port in {base}-{base + _PORT_BLOCK - 1}")
 
 
 def write_script(path: Path, rules: list[dict[str, Any]], default: dict[str, Any] | None = None) -> str:
