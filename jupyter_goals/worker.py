@@ -188,17 +188,8 @@ class Worker:
             if pending:
                 await asyncio.wait(pending, timeout=2)
 
-        def release(tx: Tx) -> None:
-            for a in rs.running_attempts_of_worker(tx, self.worker_id):
-                c.end_attempt(tx, a, "worker shutdown")
-                c.bump_commit_point(tx, a["work_id"])
-                work = c.get_work(tx, a["work_id"])
-                if work["desired_state"] == "run":
-                    c.set_phase(tx, work, "queued", "queued")
-            c.mark_worker_stopped(tx, self.worker_id)
-
         try:
-            await self.db.run(release)
+            await self.db.run(lambda tx: rs.hand_back(tx, self.worker_id))
         except Exception:
             log.exception("worker %s: could not release its attempts", self.worker_id)
         self.notifier.notify(ADMISSION)  # handed-back attempts are queued again

@@ -50,6 +50,21 @@ delivered to the parent through ``child.before_delivery`` / ``child.after_delive
 no parent model turn while it waits, at most one delivered result per subtask started, and a stopped
 parent's subtasks stopped or finished.
 
+The usage ledger: the server's outbox loop (``ledger``) applies control.db's operations to usage.db (a
+second SQLite file, or schema), sometimes dying at ``usage.before_persist`` / ``usage.after_persist``.
+Checked besides: each provider answer counted at most once, with the tokens control.db recorded for
+it; every operation marked done is in usage.db; a lost request (usage unknown) has no receipt; a pass
+nothing kills leaves nothing due.
+
+Permission changes (``permissions``: ask, ask with the test tool allowed, bypass) on a busy session:
+the approval check takes the scope each call's work item had when it was dispatched.
+
+A graceful server stop (``shutdown``) closes admission and sometimes dies at
+``shutdown.after_admission_stop``; otherwise the worker's attempts get a few more points, the rest are
+cancelled where they are and handed back (``recovery.hand_back``, the worker's SIGTERM path), the
+ledger flushes and a new server recovers. Checked besides: no request stays out for an attempt that
+ended (its usage is lost, never left pending).
+
 Not covered here: the REST handlers and ``GoalsService`` (the test commits what their transactions
 commit, through the same store functions), the detached shell tool, Jobs and durable waits other than
 a subtask's, and several attempts sharing one event loop (each runs on its own).
@@ -65,6 +80,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -87,6 +103,7 @@ from jupyter_goals.goals import acceptance as acceptance_module
 from jupyter_goals.goals import lifecycle as goal_lifecycle
 from jupyter_goals.identity import boot_id, host_name, process_start_time
 from jupyter_goals.models import TERMINAL_GOAL_STATES, ReasonCode, Requirement
+from jupyter_goals.prices import load_price_table
 from jupyter_goals.recovery import coordinator as coordinator_module
 from jupyter_goals.recovery.coordinator import Coordinator
 from jupyter_goals.runtime import turn as turn_module
@@ -94,6 +111,8 @@ from jupyter_goals.runtime.tools import ToolContext, ToolRegistry, ToolResult
 from jupyter_goals.runtime.turn import HistoryCache, TurnRunner
 from jupyter_goals.secrecy import Redactor
 from jupyter_goals.store import control as c
+from jupyter_goals.store import outbox as outbox_module
+from jupyter_goals.store import recovery as recovery_store
 from jupyter_goals.store.db import Database, NotFound, Row, Tx, VersionConflict
 from jupyter_goals.store.schema import migrate
 from tests.storekit import Backend, postgres_unreachable
@@ -148,6 +167,7 @@ TEXTS = ["chat", "write", "write again", "delegate"]
 SESSIONS = [{"mode": "ask"}, {"mode": "bypass"}, {"mode": "bypass"}, {"mode": "bypass"}]
 CHATS = len(SESSIONS) - 1  # messages go to the first three; the last one holds the Goals (controls reach all)
 REDACTOR = Redactor({})
+PRICES = load_price_table(None)  # the shipped table (the scripted model has no price: costs unknown)
 
 
 class Crash(BaseException):
@@ -158,6 +178,7 @@ class Crash(BaseException):
 
 _local = threading.local()
 _coordinator_crash: dict[str, str | None] = {"at": None}
+_passes_left = [0]  # how many times the point is passed before the crash there
 
 
 def interruption_point(point: str) -> None:
@@ -167,6 +188,8 @@ def interruption_point(point: str) -> None:
     handoff: AttemptThread | None = getattr(_local, "handoff", None)
     if handoff is not None:
         handoff.pause(point)
+    elif _coordinator_crash["at"] == point and _passes_left[0] > 0:
+        _passes_left[0] -= 1
     elif _coordinator_crash["at"] == point:
         _coordinator_crash["at"] = None
         raise Crash(point)
@@ -297,15 +320,21 @@ class Env:
         self.model = f"scripted:{script}"
         self.registry = ToolRegistry({"mark": {"impl": f"{__name__}:mark", "capability": "unknown"}})
         self.template = base / "template.db"
+        self.usage_template = base / "usage-template.db"  # the ledger (usage.db): empty, migrated
+        self.usage_url = f"sqlite:///{self.state / 'usage.db'}"
         if backend is None:
             db = Database(f"sqlite:///{self.template}")
             migrate(db, "control")  # the real migrations, once; every history starts from a copy
+            usage = Database(f"sqlite:///{self.usage_template}")
+            migrate(usage, "usage")
+            usage.close()
         else:
             db = backend.open("model_template", migrated="control")
-            self.history = backend.open("model_history", migrated="control")  # the same schema, rows copied in
-            self.tables = [str(r["table_name"]) for r in self.history.transact(lambda tx: tx.all(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
-                " AND table_type = 'BASE TABLE' ORDER BY table_name"), write=False)]
+            backend.open("model_usage_template", migrated="usage")
+            # each history's schemas, refilled from the templates' rows
+            self.history = backend.open("model_history", migrated="control")
+            self.usage_history = backend.open("model_usage_history", migrated="usage")
+            self.usage_url = backend.url("model_usage_history")
         self.sessions = [db.transact(lambda tx, p=p: c.create_session(tx, "s", str(self.root), self.model, p))["session_id"]
                          for p in SESSIONS]
         self.template_seq = int(db.transact(lambda tx: tx.scalar("SELECT MAX(seq) AS n FROM events")) or 0)
@@ -324,16 +353,25 @@ class Env:
         self.count += 1
         if self.backend is None:
             shutil.copyfile(self.template, self.state / "control.db")
+            shutil.copyfile(self.usage_template, self.state / "usage.db")
             return f"sqlite:///{self.state / 'control.db'}"
-        template = f"test_{self.backend.token}_model_template"
-
-        def copy(tx: Tx) -> None:
-            tx.execute(f"TRUNCATE {', '.join(self.tables)}")
-            for table in self.tables:
-                tx.execute(f'INSERT INTO {table} SELECT * FROM "{template}".{table}')
-
-        self.history.transact(copy)
+        refill(self.history, f"test_{self.backend.token}_model_template")
+        refill(self.usage_history, f"test_{self.backend.token}_model_usage_template")
         return self.backend.url("model_history")
+
+
+def refill(history: Database, template: str) -> None:
+    """Empty a PostgreSQL history schema and copy the template schema's rows into it."""
+
+    def copy(tx: Tx) -> None:
+        tables = [str(r["table_name"]) for r in tx.all(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+            " AND table_type = 'BASE TABLE' ORDER BY table_name")]
+        tx.execute(f"TRUNCATE {', '.join(tables)}")
+        for table in tables:
+            tx.execute(f'INSERT INTO {table} SELECT * FROM "{template}".{table}')
+
+    history.transact(copy)
 
 
 ENV: Env | None = None
@@ -348,6 +386,8 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.state = ENV.state
         self.db = Database(url, inline=True)  # the server's store (read by the checks too)
         self.wdb = Database(url, inline=True)  # the workers' store
+        self.udb = Database(ENV.usage_url, inline=True)  # the usage ledger the server's outbox loop writes
+        self.ledger_moved = False  # usage.db changed in the last step (control.db maybe not)
         self.loop = asyncio.new_event_loop()
         self.boot = os.environ.get("JUPYTER_GOALS_BOOT_ID")
         self.server_proc = SLEEPERS.take()
@@ -356,13 +396,14 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.histories = HistoryCache()  # the worker process's provider-ready histories (lost when it dies)
         self.threads: list[AttemptThread] = []
         self.sessions = ENV.sessions
-        self.ask = {self.sessions[i] for i, p in enumerate(SESSIONS) if p["mode"] == "ask"}
+        self.asked: dict[str, bool] = {}  # effect id -> whether its scope needed an approval when it was dispatched
         self.sent: list[tuple[str, str, str, str]] = []  # (session, client_request_id, text, message_id)
         self.approved: set[str] = set()  # approvals the person approved (they were pending then)
         self.denied: set[str] = set()
         self.approval_states: dict[str, str] = {}
         self.unknown_runs: dict[str, int] = {}  # effect id seen unknown -> executions counted then
         self.attempts_seen: set[str] = set()
+        self.counted: set[str] = set()  # requests whose receipt the ledger holds
         self.full_pass = False  # the last step was a whole Coordinator pass that ran to its end
         self.last = Snapshot(event_seq=ENV.template_seq)  # the state after the last step (the next step's "before")
 
@@ -385,7 +426,7 @@ class CoordinatorModel(RuleBasedStateMachine):
 
     def _step_start(self) -> None:
         COVERED[sys._getframe(1).f_code.co_name] += 1
-        self.full_pass = False
+        self.full_pass = self.ledger_moved = False
 
     def _die(self, threads: list[AttemptThread]) -> None:
         for t in threads:
@@ -420,6 +461,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.loop.close()
         self.db.close()
         self.wdb.close()
+        self.udb.close()
         if self.boot is None:
             os.environ.pop("JUPYTER_GOALS_BOOT_ID", None)
         else:
@@ -428,12 +470,14 @@ class CoordinatorModel(RuleBasedStateMachine):
     # ------------------------------------------------------------------ people
     @initialize(first=st.lists(st.tuples(st.integers(0, CHATS - 1), st.sampled_from(TEXTS)), max_size=3),
                 admit=st.booleans(), prefix=st.sampled_from(["", "", "", "approval asked", "approved", "unknown outcome", "delegated",
-                                                       "delegated 3", "delegated 6", "delegated 99", "delegated 99"]),
+                                                       "delegated 3", "delegated 6", "delegated 99", "delegated 99",
+                                                       "request lost"]),
                 goal=st.sampled_from([-1, -1, -1, 0, 2, 4, 6, 8, 10, 12, 14, 16, 99]))
     def some_work(self, first: list[tuple[int, str]], admit: bool, prefix: str = "", goal: int = -1) -> None:
         """Histories start with up to three requests, admitted at once or not yet, sometimes after a prefix
         played by the same real machinery: a write waiting for its approval, the approval given, or a write
-        whose worker died after it began (its outcome unknown; its work then restricted), or a chat that
+        whose worker died after it began (its outcome unknown; its work then restricted), or one whose worker
+        died with a model request out (its usage unknown), or a chat that
         delegated to a subtask now waiting for it, the child 0, 3, 6 points in or finished; and sometimes a
         Goal whose attempt went ``goal`` interruption points in (its mark, its submission, its acceptance
         review and completion lie 2 to 16 points in; 99: to its end), so that six random steps reach each."""
@@ -461,12 +505,17 @@ class CoordinatorModel(RuleBasedStateMachine):
 
     def _prefix(self, prefix: str) -> None:
         check = self.check_invariants_after_each_step
-        if prefix == "unknown outcome":
-            self.send_message(1, "write again", False, 1, True)
+        # the worker dies with a model request out (its usage unknown), or after the write began (its
+        # outcome unknown; its work then restricted); the server recovers
+        died_at = {"request lost": (2, "chat", "provider.after_response"),
+                   "unknown outcome": (1, "write again", "tool.side_effect")}
+        if prefix in died_at:
+            s, text, point = died_at[prefix]
+            self.send_message(s, text, False, 1, True)
             check()
             assert self._claim()
             t = self.live_threads()[-1]
-            while t.point != "tool.side_effect":
+            while t.point != point:
                 t.advance()
             check()
             self._worker_dies()
@@ -656,6 +705,87 @@ class CoordinatorModel(RuleBasedStateMachine):
         finally:
             _coordinator_crash["at"] = None
 
+    @rule(s=st.integers(0, len(SESSIONS) - 1), scope=st.sampled_from(["ask", "ask, mark allowed", "bypass"]),
+          stale=st.integers(0, 4), wake=st.booleans())
+    def permissions(self, s: int, scope: str, stale: int, wake: bool) -> None:
+        """``PATCH /sessions/{id}``: a new permission scope (ask, ask with the test tool allowed, bypass),
+        carried to the session's unfinished work and its subtasks' sessions with a new control version
+        (a running attempt yields at its next step); its pending approvals are voided. One time in five
+        sent with an outdated ``expected_control_version``: 409, nothing changes."""
+        self._step_start()
+        busy = [r["session_id"] for r in self.rows("SELECT DISTINCT session_id FROM work_items WHERE phase NOT IN"
+                                                    " ('done', 'cancelled') ORDER BY session_id")]
+        sid = busy[s % len(busy)] if busy else self.sessions[s]
+        perms: dict[str, Any] = {"mode": "bypass"} if scope == "bypass" else \
+            {"mode": "ask", "allow": ["mark"] if "allowed" in scope else []}
+
+        def run(tx: Tx) -> Row:
+            current = c.current_work(tx, sid)
+            expected = (int(current["control_version"]) - 1 if current else -1) if stale == 0 else None
+            return c.change_permissions(tx, sid, perms, expected)
+
+        try:
+            self.tx(run)
+        except VersionConflict:
+            COVERED["permissions refused"] += 1
+            return
+        COVERED[f"permissions {scope}"] += 1
+        self._wake(wake)
+
+    @rule(crash=st.sampled_from(["", "", "usage.before_persist", "usage.after_persist"]), nth=st.integers(0, 3))
+    def ledger(self, crash: str, nth: int = 0) -> None:
+        """The server's outbox loop applies the due operations (request attributions, receipts, lost
+        requests) from control.db to usage.db, each insert-if-absent on its key, then marks it done in
+        control.db. The server may die just before a usage.db commit or just after it (the done mark not
+        yet committed), at the ``nth`` operation of the pass; the new server recovers and a later pass applies
+        what is left, nothing twice. A pass that nothing kills leaves nothing due."""
+        self._step_start()
+        self.ledger_moved = True
+        _coordinator_crash["at"], _passes_left[0] = crash or None, nth
+        try:
+            self.loop.run_until_complete(outbox_module.OutboxDispatcher(self.db, self.udb, PRICES).dispatch_due())
+        except Crash:
+            COVERED[f"crash at {crash}"] += 1
+            self._server_dies(reboot=False)
+            return
+        finally:
+            _coordinator_crash["at"], _passes_left[0] = None, 0
+        due = self.rows("SELECT op_key FROM outbox WHERE state = 'pending' AND next_attempt_at <= ?", (time.time(),))
+        assert not due, f"a ledger pass left operations due: {due}"
+        COVERED["ledger drained"] += 1
+
+    @rule(crash=st.booleans(), grace=st.integers(0, 6))
+    def shutdown(self, crash: bool, grace: int) -> None:
+        """A graceful server stop (SIGTERM), then a start. Admission closes (one stop in two dies right
+        there, at ``shutdown.after_admission_stop``: a kill -9); the worker's attempts get ``grace`` more
+        interruption points to reach a commit, the rest are cancelled where they are (nothing durable is
+        written on the way out) and the worker hands every attempt it still runs back as a checkpoint
+        (``recovery.hand_back``, as its SIGTERM handler does); the ledger is flushed; the new server
+        recovers."""
+        self._step_start()
+        self.coordinator.admission_open = False
+        if crash:
+            COVERED["crash at shutdown.after_admission_stop"] += 1
+            self._server_dies(reboot=False)
+            return
+        for t in self.live_threads():
+            go_on(t, grace)
+        if self.worker is not None:
+            for t in self.live_threads():
+                COVERED[f"cancelled at {t.point}"] += 1
+            wid, _, proc = self.worker
+            self._die([t for t in self.live_threads() if t.worker == wid])
+            self.tx(lambda tx: recovery_store.hand_back(tx, wid))
+            SLEEPERS.kill(proc)
+            self.worker = None
+        self.loop.run_until_complete(outbox_module.OutboxDispatcher(self.db, self.udb, PRICES).dispatch_due())
+        self.ledger_moved = True
+        SLEEPERS.kill(self.server_proc)
+        self.server_proc = SLEEPERS.take()
+        self.coordinator = self._new_coordinator()
+        self.loop.run_until_complete(self.coordinator.recover())
+        self.full_pass = True
+
     # ------------------------------------------------------------------ workers
     def _claim(self) -> bool:
         """The worker claims the oldest admitted attempt and runs it to its first interruption point."""
@@ -766,7 +896,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         before = self.last
         if not self.full_pass:
             seq = self.db.transact(lambda tx: tx.scalar("SELECT COALESCE(MAX(seq), 0) AS n FROM events"), write=False)
-            if seq == before.event_seq and self.runs()[0] == before.log_size:
+            if seq == before.event_seq and self.runs()[0] == before.log_size and not self.ledger_moved:
                 return  # nothing was committed and nothing ran: the state the last check passed is unchanged
         now = self.snapshot()
         self.at_most_one_owner(now)
@@ -777,7 +907,47 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.run_work_is_admitted_or_waiting_with_a_reason(now)
         self.goals_end_once(before, now)
         self.subtasks_deliver_once_and_never_outlive_a_stop(now)
+        self.usage_counted_once_per_receipt()
         self.last = now
+
+    def usage_counted_once_per_receipt(self) -> None:
+        """usage.db holds each provider answer's receipt at most once, with the tokens control.db recorded
+        for that request; every operation control.db marked done is in usage.db; a request whose usage
+        became unknown (lost) has no receipt (unknown is not zero); no request stays out once its attempt
+        ended (a dead attempt's are lost by its recovery)."""
+        answered = {r["request_id"]: r for r in self.rows(
+            "SELECT request_id, state, tokens FROM requests WHERE state IN ('received', 'failed')")}
+        orphans = self.rows("SELECT r.request_id, a.state FROM requests r JOIN attempts a ON a.attempt_id = r.attempt_id"
+                            " WHERE r.state = 'sent' AND a.state NOT IN ('running', 'dead')")
+        assert not orphans, f"requests still out for attempts that ended (their usage neither counted nor unknown): {orphans}"
+        done = self.rows("SELECT op_key, kind FROM outbox WHERE state = 'done'")
+
+        def read(tx: Tx) -> tuple[list[Row], dict[str, str]]:
+            return (tx.all("SELECT receipt_key, request_id, input_tokens, output_tokens, usage_known FROM receipts"),
+                    {r["request_id"]: r["state"] for r in tx.all("SELECT request_id, state FROM requests")})
+
+        receipts, ledger_requests = self.udb.transact(read, write=False)
+        counted = Counter(r["request_id"] for r in receipts)
+        assert max(counted.values(), default=0) <= 1, f"a request counted twice: {counted.most_common(1)}"
+        for r in receipts:
+            assert r["receipt_key"] == f"receipt:{r['request_id']}", r
+            req = answered.get(r["request_id"])
+            assert req is not None, f"a receipt for a request no answer was recorded for: {r}"
+            if r["usage_known"]:
+                assert r["input_tokens"] + r["output_tokens"] == req["tokens"], (r, req)
+            COVERED["receipt counted"] += r["request_id"] not in self.counted
+        self.counted = set(counted)
+        keys = {r["receipt_key"] for r in receipts}
+        for op in done:
+            kind, _, request_id = str(op["op_key"]).partition(":")
+            if kind == "receipt":
+                assert op["op_key"] in keys, f"marked done, not in the ledger: {op}"
+            else:
+                assert request_id in ledger_requests, f"marked done, not in the ledger: {op}"
+        for request_id, state in ledger_requests.items():
+            if state == "lost":
+                assert request_id not in counted, f"a lost request (usage unknown) has a receipt: {request_id}"
+                COVERED["lost request in the ledger"] += 1
 
     def subtasks_deliver_once_and_never_outlive_a_stop(self, now: Snapshot) -> None:
         """A parent gets at most one result per subtask it started, never takes a model turn while it
@@ -858,7 +1028,10 @@ class CoordinatorModel(RuleBasedStateMachine):
             if e["dispatched_at"] is None:
                 continue
             # ask mode, or any call after an unknown outcome of its work item: one approval, used by this dispatch
-            if e["session_id"] in self.ask or any(s < int(e["seq"]) for s in unknown_seqs.get(e["work_id"], [])):
+            if e["effect_id"] not in self.asked:  # dispatched in this step: under the scope its work has now
+                self.asked[e["effect_id"]] = needs_approval(now.work[e["work_id"]]["permission_scope"])
+                COVERED["dispatched under ask"] += self.asked[e["effect_id"]]
+            if self.asked[e["effect_id"]] or any(s < int(e["seq"]) for s in unknown_seqs.get(e["work_id"], [])):
                 a = by_call.get(e["call_id"])
                 assert a is not None, f"call {e['call_id']} dispatched without an approval"
                 assert a["consumed_by_attempt"] == e["attempt_id"], (a, e)
@@ -929,6 +1102,12 @@ class Snapshot:
 WAIT_REASONS = {str(r) for r in ReasonCode}
 
 
+def needs_approval(scope: str | dict[str, Any]) -> bool:
+    """Whether a work item's permission scope makes a call of the test tool wait for a person."""
+    perms = json.loads(scope) if isinstance(scope, str) else scope
+    return bool(perms.get("mode", "ask") == "ask" and "mark" not in perms.get("allow", []))
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def model_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
     """The model's resources on a SQLite file or on the real PostgreSQL server (the shared store)."""
@@ -944,6 +1123,7 @@ def model_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(turn_module, "crash_point", interruption_point)
     monkeypatch.setattr(coordinator_module, "crash_point", interruption_point)
     monkeypatch.setattr(acceptance_module, "crash_point", interruption_point)
+    monkeypatch.setattr(outbox_module, "crash_point", interruption_point)
     COVERED.clear()
     try:
         ENV = Env(base, backend)
@@ -972,13 +1152,19 @@ def test_coordinator_model_over_random_histories(model_env: Env) -> None:
                      "machine restart", "recovery.after_claim", "recovery.after_decision", "control pause",
                      "control stop", "crash at provider.before_request", "input.before_accept", "input.after_accept",
                      "control.after_stop_commit", "goal achieved", "crash at goal.todo_complete_before_acceptance",
-                     "crash at goal.after_completion_commit", "subtask result delivered"):
+                     "crash at goal.after_completion_commit", "subtask result delivered", "receipt counted",
+                     "ledger drained", "crash at usage.before_persist", "crash at usage.after_persist",
+                     "lost request in the ledger", "crash at shutdown.after_admission_stop", "shutdown",
+                     "permissions ask", "permissions bypass", "permissions refused", "dispatched under ask"):
             assert COVERED[seen], f"no history had {seen!r}: {COVERED}"
         assert sum(n for k, n in COVERED.items() if k.startswith("crash at tool.")), COVERED
         assert sum(n for k, n in COVERED.items() if k.startswith("crash at child.")), COVERED
+        assert sum(n for k, n in COVERED.items() if k.startswith("cancelled at provider.")), COVERED
+        assert sum(n for k, n in COVERED.items() if k.startswith("cancelled at tool.")), COVERED
     elif model_env.backend is not None and histories >= 150:
         # the events seen 10 times or more per 150 histories (the rarer ones are left to SQLite's 2,000)
-        for seen in ("unknown outcome", "approval consumed", "message repeated", "goal achieved", "subtask done"):
+        for seen in ("unknown outcome", "approval consumed", "message repeated", "goal achieved", "subtask done",
+                     "receipt counted"):
             assert COVERED[seen], f"no history had {seen!r}: {COVERED}"
         assert sum(n for k, n in COVERED.items() if k.startswith("crash at ")), COVERED
 
@@ -1094,3 +1280,38 @@ def test_a_control_committed_before_a_goals_acceptance_review_sends_no_review(
         go(machine, t)
     assert machine.rows("SELECT state FROM goals")[0]["state"] == "achieved"
     assert len(machine.rows("SELECT 1 FROM requests WHERE purpose = 'acceptance'")) == 1
+
+
+def test_a_receipt_the_ledger_holds_when_the_server_dies_is_not_counted_again(machine: CoordinatorModel) -> None:
+    """The server dies after usage.db committed a receipt, before control.db marked it done: the next
+    pass applies the operation again, and the ledger still counts the answer once."""
+    machine.send_message(2, "chat", False, 1, True)
+    go_on(until(machine, "provider.before_request"))
+    machine.check_invariants_after_each_step()
+    machine.ledger("usage.after_persist", 1)  # the request's attribution, then its receipt: dies after it
+    machine.check_invariants_after_each_step()
+    assert machine.counted  # in the ledger, yet its done mark was lost:
+    assert [r["op_key"] for r in machine.rows("SELECT op_key FROM outbox WHERE state = 'pending'")] == \
+        [f"receipt:{r}" for r in machine.counted]
+    machine.ledger("")
+    machine.check_invariants_after_each_step()
+    assert machine.counted and not machine.rows("SELECT op_key FROM outbox WHERE state = 'pending'")
+
+
+def test_a_scope_narrowed_while_a_call_waits_to_be_dispatched_makes_it_ask_first(machine: CoordinatorModel) -> None:
+    """A write chosen under bypass, its session switched to ask before the dispatch commit: the call is not
+    started; the attempt yields and the call waits for a person's approval under the new scope."""
+    machine.send_message(1, "write", False, 1, True)
+    t = until(machine, "tool.before_dispatch")
+    machine.permissions(1, "ask", 1, False)
+    machine.check_invariants_after_each_step()
+    go_on(t)
+    machine.check_invariants_after_each_step()
+    assert not machine.runs()[1]  # nothing ran
+    machine.server("admit")
+    assert machine._claim()  # the new attempt asks at once (its permission step ends it)
+    for live in machine.live_threads():
+        go_on(live)
+    machine.check_invariants_after_each_step()
+    [approval] = machine.rows("SELECT state FROM approvals")
+    assert approval["state"] == "pending" and not machine.runs()[1]

@@ -60,6 +60,17 @@ def running_attempts_of_worker(tx: Tx, worker_id: str) -> list[Row]:
     return tx.all("SELECT * FROM attempts WHERE worker_id = ? AND state = 'running'", (worker_id,))
 
 
+def hand_back(tx: Tx, worker_id: str) -> None:
+    """A worker's graceful stop (SIGTERM): each attempt it still runs ends as a checkpoint (its requests
+    still out become lost: usage unknown), its work queued again unless held; the worker is stopped."""
+    for a in running_attempts_of_worker(tx, worker_id):
+        c.end_attempt(tx, a, "worker shutdown")
+        work = c.get_work(tx, a["work_id"])
+        if work["desired_state"] == "run":
+            c.set_phase(tx, work, "queued", "queued")
+    c.mark_worker_stopped(tx, worker_id)
+
+
 # --------------------------------------------------------------------------- recovery claims
 
 
