@@ -452,6 +452,11 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.loop.run_until_complete(self.coordinator.recover())
         self.full_pass = True
 
+    def _flush_ledger(self) -> None:
+        """One pass of the server's outbox loop: due operations applied to usage.db, marked done."""
+        self.ledger_moved = True
+        self.loop.run_until_complete(outbox_module.OutboxDispatcher(self.db, self.udb, PRICES).dispatch_due())
+
     def teardown(self) -> None:
         for t in self.threads:
             t.crash()
@@ -740,10 +745,9 @@ class CoordinatorModel(RuleBasedStateMachine):
         yet committed), at the ``nth`` operation of the pass; the new server recovers and a later pass applies
         what is left, nothing twice. A pass that nothing kills leaves nothing due."""
         self._step_start()
-        self.ledger_moved = True
         _coordinator_crash["at"], _passes_left[0] = crash or None, nth
         try:
-            self.loop.run_until_complete(outbox_module.OutboxDispatcher(self.db, self.udb, PRICES).dispatch_due())
+            self._flush_ledger()
         except Crash:
             COVERED[f"crash at {crash}"] += 1
             self._server_dies(reboot=False)
@@ -778,13 +782,8 @@ class CoordinatorModel(RuleBasedStateMachine):
             self.tx(lambda tx: recovery_store.hand_back(tx, wid))
             SLEEPERS.kill(proc)
             self.worker = None
-        self.loop.run_until_complete(outbox_module.OutboxDispatcher(self.db, self.udb, PRICES).dispatch_due())
-        self.ledger_moved = True
-        SLEEPERS.kill(self.server_proc)
-        self.server_proc = SLEEPERS.take()
-        self.coordinator = self._new_coordinator()
-        self.loop.run_until_complete(self.coordinator.recover())
-        self.full_pass = True
+        self._flush_ledger()
+        self._server_dies(reboot=False)  # its process has exited (no worker is left); a new server recovers
 
     # ------------------------------------------------------------------ workers
     def _claim(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from jupyter_goals.models import Phase, ReasonCode
 from jupyter_goals.store import control as c
 from jupyter_goals.store.db import Row, Tx
 
@@ -67,7 +68,7 @@ def hand_back(tx: Tx, worker_id: str) -> None:
         c.end_attempt(tx, a, "worker shutdown")
         work = c.get_work(tx, a["work_id"])
         if work["desired_state"] == "run":
-            c.set_phase(tx, work, "queued", "queued")
+            c.set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
     c.mark_worker_stopped(tx, worker_id)
 
 
