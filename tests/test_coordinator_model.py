@@ -65,9 +65,26 @@ cancelled where they are and handed back (``recovery.hand_back``, the worker's S
 ledger flushes and a new server recovers. Checked besides: no request stays out for an attempt that
 ended (its usage is lost, never left pending).
 
+Detached shell commands: "run" makes the model call the real ``shell`` tool with a real command (its own
+process group, its files in the effect dir) that counts its execution in effects.log, then runs until the
+state machine ends it (``command_ends``), a stop kills it or the machine goes (a machine restart kills every
+command). While it runs, the attempt's thread hands control back at ``tool.process_runs`` each time the
+shell tool, a reconnected attempt or the watch for a stop would sleep, so a Stop, a crash of the worker
+or of the server, a graceful stop or a restart can come at any moment of a command's life; the worker
+may die at ``tool.after_dispatch`` and at ``tool.before_cancel_kill`` (its watch saw the stop), and the
+server at ``tool.before_cancel_kill`` in the Coordinator's sweep of condemned commands nobody owns. A
+command that outlived its worker is reconnected by the next attempt, never started again. Checked
+besides: a command that still runs is never ``cancelled`` nor ``unknown``, and after a full Coordinator
+pass no command of stopped work (or cancelled by a person) runs without a live attempt watching it. Between steps the test does what
+the kernel and init would meanwhile: it waits until a started command has counted itself, and reaps
+ended commands (the test process is their parent; a real worker's death leaves them to init).
+
+A person may also cancel one command (``cancel_command``, the ``cancel_tool`` action).
+
 Not covered here: the REST handlers and ``GoalsService`` (the test commits what their transactions
-commit, through the same store functions), the detached shell tool, Jobs and durable waits other than
-a subtask's, and several attempts sharing one event loop (each runs on its own).
+commit, through the same store functions), late receipts
+of commands whose outcome became unknown (a machine restart kills them here), Jobs and durable waits other
+than a subtask's, and several attempts sharing one event loop (each runs on its own).
 """
 
 from __future__ import annotations
@@ -76,6 +93,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -99,6 +117,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from jupyter_goals import effect_files
+from jupyter_goals import faults as faults_module
+from jupyter_goals.effect_files import group_members, shell_process
 from jupyter_goals.goals import acceptance as acceptance_module
 from jupyter_goals.goals import lifecycle as goal_lifecycle
 from jupyter_goals.identity import boot_id, host_name, process_start_time
@@ -106,6 +127,7 @@ from jupyter_goals.models import TERMINAL_GOAL_STATES, ReasonCode, Requirement
 from jupyter_goals.prices import load_price_table
 from jupyter_goals.recovery import coordinator as coordinator_module
 from jupyter_goals.recovery.coordinator import Coordinator
+from jupyter_goals.runtime import tools as tools_module
 from jupyter_goals.runtime import turn as turn_module
 from jupyter_goals.runtime.tools import ToolContext, ToolRegistry, ToolResult
 from jupyter_goals.runtime.turn import HistoryCache, TurnRunner
@@ -125,6 +147,10 @@ MAX_RECOVERIES = 3
 # write: one call to the test tool; "write again": after an unknown outcome the model tries the write
 # again as a new call (which then needs a fresh approval bound to the unknown set)
 IDLE_TURN = "IDLE TURN WHILE A SUBTASK RUNS"
+# the detached shell command of "run": it counts its execution in effects.log (as ``mark`` does), says it has
+# started, then runs until the state machine ends it (``command_ends``), a stop kills it or the machine goes
+COMMAND = ('echo "$JG_TOOL_EFFECT" >> effects.log; : > "$JG_DIR/started"; '
+           'while [ ! -e "$JG_DIR/release" ]; do sleep 0.02; done; echo ran')
 GOAL = "Produce marks"  # the objective of the Goals set in the model's last session
 RULES: list[dict[str, Any]] = [
     # a Goal: independent acceptance judges its one requirement met; its turns make a mark, then submit
@@ -159,11 +185,14 @@ RULES: list[dict[str, Any]] = [
                  "usage": {"input_tokens": 3, "output_tokens": 2}}},
     {"when": {"last_tool_result_contains": ""},
      "respond": {"text": "Done.", "usage": {"input_tokens": 3, "output_tokens": 1}}},
+    {"when": {"last_user_contains": "run"},
+     "respond": {"text": "Running.", "tool_calls": [{"name": "shell", "arguments": {"command": COMMAND}}],
+                 "usage": {"input_tokens": 2, "output_tokens": 2}}},
     {"when": {"last_user_contains": "write"},
      "respond": {"text": "Writing.", "tool_calls": [{"name": "mark", "arguments": {}}],
                  "usage": {"input_tokens": 2, "output_tokens": 2}}},
 ]
-TEXTS = ["chat", "write", "write again", "delegate"]
+TEXTS = ["chat", "write", "write again", "delegate", "run"]
 SESSIONS = [{"mode": "ask"}, {"mode": "bypass"}, {"mode": "bypass"}, {"mode": "bypass"}]
 CHATS = len(SESSIONS) - 1  # messages go to the first three; the last one holds the Goals (controls reach all)
 REDACTOR = Redactor({})
@@ -221,7 +250,7 @@ class AttemptThread:
     def _main(self, runner: TurnRunner) -> None:
         _local.handoff = self
         try:
-            asyncio.run(runner.run())
+            asyncio.run(self._run(runner))
         except Crash:
             pass
         except BaseException as exc:  # noqa: BLE001 - reported by the state machine
@@ -230,7 +259,20 @@ class AttemptThread:
             self.done = True
             self._arrived.release()
 
+    @staticmethod
+    async def _run(runner: TurnRunner) -> None:
+        def ignore_crashes(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+            # a Crash raised in one task of several (the shell call, the watch for its stop) while the
+            # other was ended by it: nothing of a dead process is left to report
+            if not isinstance(context.get("exception"), Crash):
+                loop.default_exception_handler(context)
+
+        asyncio.get_running_loop().set_exception_handler(ignore_crashes)
+        await runner.run()
+
     def pause(self, point: str) -> None:  # in the attempt's thread
+        if self._crash:  # dead already: the Crash was raised in one task of several (a shell call and the
+            raise Crash(point)  # watch for its stop); whatever the others reach next, nothing runs on
         self.point = point
         self._arrived.release()
         self._go.acquire()
@@ -243,6 +285,7 @@ class AttemptThread:
 
     def advance(self) -> None:
         assert not self.done
+        settle()
         self._go.release()
         self._arrived.acquire()
 
@@ -255,9 +298,12 @@ class AttemptThread:
 
 
 def go_on(t: AttemptThread, hops: int | None = None) -> None:
-    """Let an attempt go through ``hops`` more interruption points, or to its end (None)."""
+    """Let an attempt go through ``hops`` more interruption points, or to its end (None: a shell command it
+    waits for ends by itself)."""
     n = 0
     while not t.done and (hops is None or n < hops):
+        if hops is None and t.point == "tool.process_runs":
+            end_commands()
         t.advance()
         assert t.error is None, t.error
         n += 1
@@ -296,6 +342,114 @@ COVERED: Counter[str] = Counter()  # what the histories did: rules run, crash po
 
 def identity(proc: subprocess.Popen[bytes]) -> tuple[str, str, int, int | None]:
     return host_name(), boot_id(), proc.pid, process_start_time(proc.pid)
+
+
+# --------------------------------------------------------------------------- detached shell commands
+
+
+class ModelAsyncio:
+    """``asyncio`` as the turn loop, the shell tool and ``effect_files`` see it in the model: a ``sleep`` in
+    an attempt's thread is time passing while a detached command runs (the shell tool's wait for its
+    child, a reconnected attempt's wait for a foreign process, the watch for a stop or a cancel), so the
+    thread hands control back at ``tool.process_runs`` and the state machine decides what happens
+    meanwhile (the command ends, a Stop, a crash...). ``cancel_shell``'s grace loop (a signalled group
+    is gone within milliseconds) and everything outside an attempt's thread (the Coordinator's sweep)
+    sleep for real."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    @staticmethod
+    async def sleep(delay: float, result: Any = None) -> Any:
+        handoff: AttemptThread | None = getattr(_local, "handoff", None)
+        if handoff is None or sys._getframe(1).f_code.co_name == "cancel_shell":
+            return await asyncio.sleep(delay, result)
+        handoff.pause("tool.process_runs")
+        return await asyncio.sleep(0, result)
+
+
+def commands() -> list[Path]:
+    """The effect dirs of the shell commands this history spawned (their identity on disk)."""
+    assert ENV is not None
+    root = ENV.state / "effects"
+    return [d for d in sorted(root.iterdir()) if (d / "proc.json").exists()] if root.exists() else []
+
+
+def _leader(d: Path) -> tuple[int, str | None]:
+    """The command's shell (its process group's leader): pid and state letter (None once reaped or when
+    the pid now belongs to another process)."""
+    proc = shell_process(d)
+    assert proc is not None
+    pid = int(proc["pid"])
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return pid, None
+    if process_start_time(pid) != proc.get("start_time"):
+        return pid, None
+    return pid, raw[raw.rindex(")") + 2]
+
+
+def alive(d: Path) -> bool:
+    return _leader(d)[1] not in (None, "Z")
+
+
+def reap(d: Path) -> None:
+    """What init does for a command whose worker died: the test process is every command's parent, and its
+    zombies would look alive to ``shell_alive`` (a real worker's death hands them to init, which reaps them)."""
+    pid, state = _leader(d)
+    if state == "Z":
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass  # the shell tool's own Popen.poll() reaped it
+
+
+def wait_gone(d: Path) -> None:
+    """Until the command's whole process group is gone (durable evidence: /proc), then reap it."""
+    deadline = time.monotonic() + 10
+    while group_members(d):
+        assert time.monotonic() < deadline, f"the command of {d.name} still runs"
+        time.sleep(0.002)
+    reap(d)
+
+
+def settle() -> None:
+    """Done between two steps, as the kernel and init would meanwhile: a command let go by its spawn has
+    counted itself in effects.log (so what a step reads there is final), and an ended one is reaped."""
+    for d in commands():
+        deadline = time.monotonic() + 10
+        while not (d / "started").exists() and alive(d):
+            assert time.monotonic() < deadline, f"the command of {d.name} never started"
+            time.sleep(0.001)
+        reap(d)
+
+
+def end_command(d: Path) -> bool:
+    """The command finishes by itself (exit status and output written) and is reaped; False when it was
+    being killed meanwhile (an attempt's watch signalled it, then the shell tool's wait handed control back
+    before the group was gone) and so ended without an exit status."""
+    (d / "release").touch()
+    wait_gone(d)
+    return (d / "exit").exists()
+
+
+def end_commands() -> None:
+    """Every running command not yet let go finishes by itself."""
+    for d in commands():
+        if alive(d) and not (d / "release").exists():
+            end_command(d)
+
+
+def end_all_commands() -> None:
+    """The machine goes down (or the history ends): every command's process group is killed and reaped."""
+    for d in commands():
+        if group_members(d):
+            try:
+                os.killpg(_leader(d)[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wait_gone(d)
 
 
 # --------------------------------------------------------------------------- the model
@@ -377,6 +531,19 @@ def refill(history: Database, template: str) -> None:
 ENV: Env | None = None
 
 
+class Sweeps(dict[str, "asyncio.Task[None]"]):
+    """The Coordinator's kills in progress (effect id -> task), remembering each task started: one that
+    ended before the pass returned has left the dict, and its crash must still be seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[asyncio.Task[None]] = []
+
+    def __setitem__(self, key: str, task: asyncio.Task[None]) -> None:
+        self.started.append(task)
+        super().__setitem__(key, task)
+
+
 class CoordinatorModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -404,6 +571,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.unknown_runs: dict[str, int] = {}  # effect id seen unknown -> executions counted then
         self.attempts_seen: set[str] = set()
         self.counted: set[str] = set()  # requests whose receipt the ledger holds
+        self.command_states: dict[str, str] = {}  # a shell call's effect id -> its state at the last check
         self.full_pass = False  # the last step was a whole Coordinator pass that ran to its end
         self.last = Snapshot(event_seq=ENV.template_seq)  # the state after the last step (the next step's "before")
 
@@ -419,6 +587,7 @@ class CoordinatorModel(RuleBasedStateMachine):
                             max_concurrent_turns=MAX_CONCURRENT, max_recovery_attempts=MAX_RECOVERIES,
                             recovery_backoff_s=0.0, redactor=REDACTOR)
         coord.claimant = "|".join(str(x) for x in identity(self.server_proc))  # this server process's identity
+        coord._cancelling = Sweeps()
         return coord
 
     def live_threads(self) -> list[AttemptThread]:
@@ -446,10 +615,24 @@ class CoordinatorModel(RuleBasedStateMachine):
         self._worker_dies()
         SLEEPERS.kill(self.server_proc)
         if reboot:
+            end_all_commands()  # the detached commands go with the machine
             os.environ["JUPYTER_GOALS_BOOT_ID"] = c.new_id("boot")
         self.server_proc = SLEEPERS.take()
         self.coordinator = self._new_coordinator()
+        self._recover()
+
+    def _recover(self) -> None:
+        """A full Coordinator pass; the kills its sweep started (tasks on the server's loop, beside
+        everything else) are run to their end within it. A crash in one of them is the server's death."""
         self.loop.run_until_complete(self.coordinator.recover())
+        assert isinstance(self.coordinator._cancelling, Sweeps)
+        sweeps, self.coordinator._cancelling.started = self.coordinator._cancelling.started, []
+        if sweeps:
+            COVERED["stopped command killed by the Coordinator"] += 1
+            self.loop.run_until_complete(asyncio.wait(sweeps))
+            for task in sweeps:
+                if (exc := task.exception()) is not None:
+                    raise exc
         self.full_pass = True
 
     def _flush_ledger(self) -> None:
@@ -460,6 +643,7 @@ class CoordinatorModel(RuleBasedStateMachine):
     def teardown(self) -> None:
         for t in self.threads:
             t.crash()
+        end_all_commands()
         if self.worker is not None:
             SLEEPERS.give_back(self.worker[2])
         SLEEPERS.give_back(self.server_proc)
@@ -476,7 +660,8 @@ class CoordinatorModel(RuleBasedStateMachine):
     @initialize(first=st.lists(st.tuples(st.integers(0, CHATS - 1), st.sampled_from(TEXTS)), max_size=3),
                 admit=st.booleans(), prefix=st.sampled_from(["", "", "", "approval asked", "approved", "unknown outcome", "delegated",
                                                        "delegated 3", "delegated 6", "delegated 99", "delegated 99",
-                                                       "request lost"]),
+                                                       "request lost", "command running", "command being stopped",
+                                                       "command orphaned by a stop"]),
                 goal=st.sampled_from([-1, -1, -1, 0, 2, 4, 6, 8, 10, 12, 14, 16, 99]))
     def some_work(self, first: list[tuple[int, str]], admit: bool, prefix: str = "", goal: int = -1) -> None:
         """Histories start with up to three requests, admitted at once or not yet, sometimes after a prefix
@@ -525,6 +710,25 @@ class CoordinatorModel(RuleBasedStateMachine):
             check()
             self._worker_dies()
             self.server("recover")
+            check()
+            return
+        if prefix.startswith("command"):  # a shell command runs; it is being killed, or its killer died
+            self.send_message(1, "run", False, 1, True)
+            check()
+            assert self._claim()
+            t = self.live_threads()[-1]
+            while t.point != "tool.process_runs":
+                t.advance()
+            check()
+            if prefix == "command running":
+                return
+            self.control(1, "stop", 1, False, 1)
+            check()
+            if prefix == "command being stopped":
+                while t.point != "tool.before_cancel_kill":
+                    t.advance()
+            else:
+                self._worker_dies()  # the stop is committed, the command's worker gone: nothing killed it yet
             check()
             return
         if prefix.startswith("delegated"):  # the parent spawned its subtask and waits; the child went n points in
@@ -688,7 +892,8 @@ class CoordinatorModel(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ the server
     @rule(event=st.sampled_from(["admit", "admit", "recover", "recover", "recovery.after_claim",
-                                 "recovery.after_decision", "server crash", "machine restart"]))
+                                 "recovery.after_decision", "tool.before_cancel_kill", "server crash",
+                                 "machine restart"]))
     def server(self, event: str) -> None:
         """The cheap admission pass (after a message or control), a full Coordinator pass (start, tick, a
         worker's exit, ``jupyter goals recover``) that may die at a recovery point, or kill -9 of the
@@ -703,9 +908,9 @@ class CoordinatorModel(RuleBasedStateMachine):
             return
         _coordinator_crash["at"] = None if event == "recover" else event
         try:
-            self.loop.run_until_complete(self.coordinator.recover())
-            self.full_pass = True
+            self._recover()
         except Crash:
+            COVERED[f"server died at {event}"] += 1
             self._server_dies(reboot=False)
         finally:
             _coordinator_crash["at"] = None
@@ -849,6 +1054,34 @@ class CoordinatorModel(RuleBasedStateMachine):
             COVERED[f"crash at {t.point}"] += 1
         self._worker_dies()
 
+    @rule(i=st.integers(0, 7))
+    def command_ends(self, i: int) -> None:
+        """A running shell command finishes by itself: its exit status and output written, its process gone."""
+        self._step_start()
+        running = [d for d in commands() if alive(d) and not (d / "release").exists()]
+        if not running:
+            return
+        if end_command(running[i % len(running)]):
+            COVERED["command ended"] += 1
+
+    @rule(i=st.integers(0, 7))
+    def cancel_command(self, i: int) -> None:
+        """``POST /sessions/{id}/actions`` ``cancel_tool``: a person cancels one shell call; a 409 (nothing
+        recorded) once it no longer runs. Its worker kills it at its next look (or, if that worker died,
+        the Coordinator's sweep) and the turn goes on with the cancelled result."""
+        self._step_start()
+        calls = [d.name for d in commands()]
+        if not calls:
+            return
+        eid = calls[i % len(calls)]
+        sid = self.rows("SELECT session_id FROM effects WHERE effect_id = ?", (eid,))[0]["session_id"]
+        try:
+            self.tx(lambda tx: c.request_cancel_tool(tx, sid, eid))
+        except VersionConflict:
+            COVERED["cancel refused"] += 1
+            return
+        COVERED["cancel requested"] += 1
+
     # ------------------------------------------------------------------ invariants
     def snapshot(self) -> Snapshot:
         """The durable state the invariants read: a handful of whole-table reads (the tables are small)."""
@@ -860,7 +1093,8 @@ class CoordinatorModel(RuleBasedStateMachine):
                 attempts=tx.all("SELECT attempt_id, work_id, session_id, state, control_version, worker_id"
                                 " FROM attempts"),
                 effects={e["effect_id"]: e for e in tx.all(
-                    "SELECT effect_id, call_id, work_id, session_id, seq, attempt_id, state, dispatched_at FROM effects")},
+                    "SELECT effect_id, call_id, work_id, session_id, seq, attempt_id, tool, state, dispatched_at,"
+                    " cancel_requested_at FROM effects")},
                 approvals=tx.all("SELECT approval_id, call_id, state, consumed_by_attempt FROM approvals"),
                 lost_messages=tx.all("SELECT m.message_id, w.phase FROM messages m JOIN work_items w ON"
                                      " w.work_id = m.work_id WHERE m.consumed = 0 AND w.phase = 'done'"),
@@ -892,6 +1126,7 @@ class CoordinatorModel(RuleBasedStateMachine):
 
     @invariant()
     def check_invariants_after_each_step(self) -> None:
+        settle()
         before = self.last
         if not self.full_pass:
             seq = self.db.transact(lambda tx: tx.scalar("SELECT COALESCE(MAX(seq), 0) AS n FROM events"), write=False)
@@ -907,6 +1142,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.goals_end_once(before, now)
         self.subtasks_deliver_once_and_never_outlive_a_stop(now)
         self.usage_counted_once_per_receipt()
+        self.commands_end_with_their_work(now)
         self.last = now
 
     def usage_counted_once_per_receipt(self) -> None:
@@ -947,6 +1183,23 @@ class CoordinatorModel(RuleBasedStateMachine):
             if state == "lost":
                 assert request_id not in counted, f"a lost request (usage unknown) has a receipt: {request_id}"
                 COVERED["lost request in the ledger"] += 1
+
+    def commands_end_with_their_work(self, now: Snapshot) -> None:
+        """A shell call whose process still runs is neither ``cancelled`` nor ``unknown`` (a kill commits
+        only once the group is gone; an unknown outcome means its executor and its process died), and after a
+        full Coordinator pass no command of stopped work, nor one a person cancelled, runs unless a live
+        attempt still watches it (it kills it at its next look)."""
+        watched = {t.attempt["work_id"] for t in self.live_threads()}
+        for d in commands():
+            eff = now.effects[d.name]
+            running = alive(d)
+            if eff["state"] != self.command_states.get(d.name):
+                self.command_states[d.name] = eff["state"]
+                COVERED[f"command {eff['state']}"] += 1
+            assert not (running and eff["state"] in ("cancelled", "unknown")), f"{eff['state']} yet running: {eff}"
+            condemned = now.work[eff["work_id"]]["desired_state"] == "cancelled" or eff["cancel_requested_at"]
+            if running and self.full_pass and condemned:
+                assert eff["work_id"] in watched, f"a stopped or cancelled command runs on after a full pass: {eff}"
 
     def subtasks_deliver_once_and_never_outlive_a_stop(self, now: Snapshot) -> None:
         """A parent gets at most one result per subtask it started, never takes a model turn while it
@@ -1028,7 +1281,7 @@ class CoordinatorModel(RuleBasedStateMachine):
                 continue
             # ask mode, or any call after an unknown outcome of its work item: one approval, used by this dispatch
             if e["effect_id"] not in self.asked:  # dispatched in this step: under the scope its work has now
-                self.asked[e["effect_id"]] = needs_approval(now.work[e["work_id"]]["permission_scope"])
+                self.asked[e["effect_id"]] = needs_approval(now.work[e["work_id"]]["permission_scope"], e["tool"])
                 COVERED["dispatched under ask"] += self.asked[e["effect_id"]]
             if self.asked[e["effect_id"]] or any(s < int(e["seq"]) for s in unknown_seqs.get(e["work_id"], [])):
                 a = by_call.get(e["call_id"])
@@ -1101,10 +1354,10 @@ class Snapshot:
 WAIT_REASONS = {str(r) for r in ReasonCode}
 
 
-def needs_approval(scope: str | dict[str, Any]) -> bool:
-    """Whether a work item's permission scope makes a call of the test tool wait for a person."""
+def needs_approval(scope: str | dict[str, Any], tool: str) -> bool:
+    """Whether a work item's permission scope makes a call of ``tool`` (the test tool or shell) wait for a person."""
     perms = json.loads(scope) if isinstance(scope, str) else scope
-    return bool(perms.get("mode", "ask") == "ask" and "mark" not in perms.get("allow", []))
+    return bool(perms.get("mode", "ask") == "ask" and tool not in perms.get("allow", []))
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -1123,6 +1376,10 @@ def model_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(coordinator_module, "crash_point", interruption_point)
     monkeypatch.setattr(acceptance_module, "crash_point", interruption_point)
     monkeypatch.setattr(outbox_module, "crash_point", interruption_point)
+    # the shell tool and cancel_shell import crash_point when they run (tool.after_dispatch, tool.before_cancel_kill)
+    monkeypatch.setattr(faults_module, "crash_point", interruption_point)
+    for module in (turn_module, tools_module, effect_files):
+        monkeypatch.setattr(module, "asyncio", ModelAsyncio())
     COVERED.clear()
     try:
         ENV = Env(base, backend)
@@ -1154,7 +1411,9 @@ def test_coordinator_model_over_random_histories(model_env: Env) -> None:
                      "crash at goal.after_completion_commit", "subtask result delivered", "receipt counted",
                      "ledger drained", "crash at usage.before_persist", "crash at usage.after_persist",
                      "lost request in the ledger", "crash at shutdown.after_admission_stop", "shutdown",
-                     "permissions ask", "permissions bypass", "permissions refused", "dispatched under ask"):
+                     "permissions ask", "permissions bypass", "permissions refused", "dispatched under ask",
+                     "command committed", "command cancelled", "crash at tool.before_cancel_kill",
+                     "crash at tool.process_runs", "stopped command killed by the Coordinator", "cancel requested"):
             assert COVERED[seen], f"no history had {seen!r}: {COVERED}"
         assert sum(n for k, n in COVERED.items() if k.startswith("crash at tool.")), COVERED
         assert sum(n for k, n in COVERED.items() if k.startswith("crash at child.")), COVERED
@@ -1314,3 +1573,26 @@ def test_a_scope_narrowed_while_a_call_waits_to_be_dispatched_makes_it_ask_first
     machine.check_invariants_after_each_step()
     [approval] = machine.rows("SELECT state FROM approvals")
     assert approval["state"] == "pending" and not machine.runs()[1]
+
+
+def test_a_stopped_command_whose_worker_and_then_server_die_before_the_kill_is_killed_once_and_never_rerun(
+    machine: CoordinatorModel,
+) -> None:
+    """A shell command runs; its work is stopped; its worker dies before its watch saw the stop, then the
+    server dies in the Coordinator's sweep at ``tool.before_cancel_kill``: the next server kills it, commits
+    it ``cancelled`` (never unknown, never run again), and the stopped work ends."""
+    machine.some_work([], False, "command orphaned by a stop")
+    [d] = commands()
+    assert alive(d)
+    machine.server("tool.before_cancel_kill")  # the sweep dies before its kill; the new server's sweep kills
+    assert COVERED["server died at tool.before_cancel_kill"] == 1
+    machine.check_invariants_after_each_step()
+    assert not group_members(d)
+    [eff] = machine.rows("SELECT state, result FROM effects WHERE tool = 'shell'")
+    assert eff["state"] == "cancelled" and "stopped the work" in eff["result"], eff
+    assert machine.runs()[1] == Counter({d.name: 1})
+    machine.server("recover")
+    machine.check_invariants_after_each_step()
+    [work] = machine.rows("SELECT desired_state, phase FROM work_items")
+    assert (work["desired_state"], work["phase"]) == ("cancelled", "cancelled"), work
+    assert machine.runs()[1] == Counter({d.name: 1})
