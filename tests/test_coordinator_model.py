@@ -152,6 +152,7 @@ IDLE_TURN = "IDLE TURN WHILE A SUBTASK RUNS"
 COMMAND = ('echo "$JG_TOOL_EFFECT" >> effects.log; : > "$JG_DIR/started"; '
            'while [ ! -e "$JG_DIR/release" ]; do sleep 0.02; done; echo ran')
 GOAL = "Produce marks"  # the objective of the Goals set in the model's last session
+COMPLETED = 100  # a Goal prefix that stops at goal.after_completion_commit
 RULES: list[dict[str, Any]] = [
     # a Goal: independent acceptance judges its one requirement met; its turns make a mark, then submit
     {"when": {"purpose": "acceptance", "goal_objective_contains": GOAL},
@@ -662,7 +663,7 @@ class CoordinatorModel(RuleBasedStateMachine):
                                                        "delegated 3", "delegated 6", "delegated 99", "delegated 99",
                                                        "request lost", "command running", "command being stopped",
                                                        "command orphaned by a stop"]),
-                goal=st.sampled_from([-1, -1, -1, 0, 2, 4, 6, 8, 10, 12, 14, 16, 99]))
+                goal=st.sampled_from([-1, -1, -1, 0, 2, 4, 6, 8, 10, 12, 14, 16, 99, COMPLETED]))
     def some_work(self, first: list[tuple[int, str]], admit: bool, prefix: str = "", goal: int = -1) -> None:
         """Histories start with up to three requests, admitted at once or not yet, sometimes after a prefix
         played by the same real machinery: a write waiting for its approval, the approval given, or a write
@@ -670,7 +671,8 @@ class CoordinatorModel(RuleBasedStateMachine):
         died with a model request out (its usage unknown), or a chat that
         delegated to a subtask now waiting for it, the child 0, 3, 6 points in or finished; and sometimes a
         Goal whose attempt went ``goal`` interruption points in (its mark, its submission, its acceptance
-        review and completion lie 2 to 16 points in; 99: to its end), so that six random steps reach each."""
+        review and completion lie 2 to 16 points in; 99: to its end; ``COMPLETED``: to
+        ``goal.after_completion_commit``), so that six random steps reach each."""
         if prefix:
             self._prefix(prefix)
         if goal >= 0:
@@ -690,7 +692,12 @@ class CoordinatorModel(RuleBasedStateMachine):
             go_on(t)
         check()
         assert self._claim() or self.live_threads()
-        go_on(self.live_threads()[-1], hops)
+        t = self.live_threads()[-1]
+        if hops == COMPLETED:  # its completion committed; the worker may die right there
+            while not t.done and t.point != "goal.after_completion_commit":
+                go_on(t, 1)
+        else:
+            go_on(t, hops)
         check()
 
     def _prefix(self, prefix: str) -> None:
