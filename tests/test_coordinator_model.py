@@ -435,11 +435,15 @@ def end_command(d: Path) -> bool:
     return (d / "exit").exists()
 
 
+def running_commands() -> list[Path]:
+    """The commands still running that nothing has let go yet."""
+    return [d for d in commands() if alive(d) and not (d / "release").exists()]
+
+
 def end_commands() -> None:
     """Every running command not yet let go finishes by itself."""
-    for d in commands():
-        if alive(d) and not (d / "release").exists():
-            end_command(d)
+    for d in running_commands():
+        end_command(d)
 
 
 def end_all_commands() -> None:
@@ -1065,7 +1069,7 @@ class CoordinatorModel(RuleBasedStateMachine):
     def command_ends(self, i: int) -> None:
         """A running shell command finishes by itself: its exit status and output written, its process gone."""
         self._step_start()
-        running = [d for d in commands() if alive(d) and not (d / "release").exists()]
+        running = running_commands()
         if not running:
             return
         if end_command(running[i % len(running)]):
