@@ -82,6 +82,11 @@ def group_members(effect_dir: Path) -> list[int]:
     leader_started = process_start_time(pgid)
     if leader_started is not None and leader_started != proc.get("start_time"):
         return []  # the pid was reused by a process that is not the shell we started
+    return live_in_group(pgid)
+
+
+def live_in_group(pgid: int) -> list[int]:
+    """The live (non-zombie) processes whose process group is ``pgid``, read from /proc (blocking)."""
     members: list[int] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -201,10 +201,13 @@ async def shell(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     """Run ``command`` detached (own session); output and exit status go to files in the effect dir."""
     d = ctx.effect_dir
     d.mkdir(parents=True, exist_ok=True)
-    # the command starts only once its identity is on disk (the read returns when we close its stdin,
-    # or when we die): a command that kills its worker at once still leaves a reconnectable process
+    # the command starts only once its identity is on disk: the read returns when we close its stdin (after
+    # writing proc.json) or when we die; a worker killed before proc.json was written leaves no command
+    # running that nothing could reconnect, stop or wait for (its call's outcome stays unknown, never rerun),
+    # and a command that kills its worker at once still leaves a reconnectable process
     wrapper = (
-        'read -r _; ( eval "$JG_COMMAND" ) > "$JG_DIR/stdout" 2> "$JG_DIR/stderr" < /dev/null; '
+        'read -r _; [ -e "$JG_DIR/proc.json" ] || exit 0; '
+        '( eval "$JG_COMMAND" ) > "$JG_DIR/stdout" 2> "$JG_DIR/stderr" < /dev/null; '
         'echo $? > "$JG_DIR/exit.tmp"; mv "$JG_DIR/exit.tmp" "$JG_DIR/exit"'
     )
     base = ctx.env
