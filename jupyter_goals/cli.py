@@ -15,6 +15,7 @@ from typing import Any
 
 from jupyter_goals.config import GoalsConfig
 from jupyter_goals.store import control as c
+from jupyter_goals.store import known
 from jupyter_goals.store.db import Database, MigrationFailed, StorageUnavailable
 from jupyter_goals.store.notify import ADMISSION, Notifier
 from jupyter_goals.store.schema import current_version, migrate, quick_check
@@ -57,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     doc.add_argument("--repair", action="store_true",
                      help="repair what can be repaired offline: a missing usage ledger rebuilt from control.db,"
                           " the state dir's permissions (the server must not be running)")
+    doc.add_argument("--start-over", action="store_true",
+                     help="the person's choice when the control store this state dir used is gone or replaced: begin"
+                          " again with an empty history (or with the store there now); a waiting server goes on")
     demo = sub.add_parser("demo", help="offline: kill -9 a server while a chat's command runs, restart it, and watch"
                                        " the chat finish by itself with the command run exactly once")
     demo.add_argument("--dir", help="where to keep the demo's state and workspace (default: a new temp dir)")
@@ -67,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(args.dir)
     state, control_url, usage_url = _config(args)
     if args.command == "doctor":
+        if args.start_over:
+            return start_over(state, control_url)
         return doctor(state, control_url, usage_url, repair=args.repair)
     if control_url.startswith("sqlite:///") and not os.path.exists(control_url.removeprefix("sqlite:///")):
         print(f"error: no control database at {control_url} (has the server run with this state dir?)", file=sys.stderr)
@@ -162,7 +168,13 @@ def doctor(state: Path, control_url: str, usage_url: str, *, repair: bool = Fals
             print(f"free space: {free // (1024 * 1024)} MB: commits fail when it runs out (503 storage_full); free some")
         else:
             print(f"free space: {free // (1024 * 1024)} MB")
+    lost = _control_lost(state, control_url)
+    if lost is not None:
+        ok = False
+        print(f"control: MISSING: {lost.message} {lost.action}")
     for which, url in (("control", control_url), ("usage", usage_url)):
+        if which == "control" and lost is not None:
+            continue  # nothing is opened there (an empty SQLite file would be created)
         path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
         if path is not None and not os.path.exists(path):
             if which == "usage" and os.path.exists(control_url.removeprefix("sqlite:///")):
@@ -185,6 +197,8 @@ def doctor(state: Path, control_url: str, usage_url: str, *, repair: bool = Fals
         for which, url in (("control", control_url), ("usage", usage_url)):
             if url.startswith("sqlite:///") and not os.path.exists(url.removeprefix("sqlite:///")):
                 continue
+            if which == "control" and lost is not None:
+                continue
             db = Database(url)
             try:
                 migrate_check(db, which)
@@ -195,6 +209,31 @@ def doctor(state: Path, control_url: str, usage_url: str, *, repair: bool = Fals
         print(f"migration: FAILED: {exc}")
     print("ok" if ok else "problems found")
     return 0 if ok else 1
+
+
+def _control_lost(state: Path, control_url: str) -> known.Lost | None:
+    db = Database(control_url)
+    db.create = False
+    try:
+        return known.lost(state, db)
+    finally:
+        db.close()
+
+
+def start_over(state: Path, control_url: str) -> int:
+    """``doctor --start-over``: the control store this state dir used is lost and the person chooses to
+    begin again (an empty history, or the store there now). Exits 2 when nothing is lost: a store that
+    is there is never given up by this command."""
+    lost = _control_lost(state, control_url)
+    if lost is None:
+        print(f"nothing to do: the control store at {known.redact(control_url)} is the one this state dir used"
+              " (or none is known yet)", file=sys.stderr)
+        return 2
+    known.forget(state, control_url)
+    _wake_server(state, control_url)
+    print(f"Starting over: the control store this state dir used at {known.redact(control_url)} is given up. The"
+          " next start (a waiting server within seconds) uses the store there now: an empty history if there is none.")
+    return 0
 
 
 def _sqlite_checks(db: Database, which: str, path: str) -> bool:

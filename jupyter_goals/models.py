@@ -80,6 +80,7 @@ class ReasonCode(StrEnum):
     STORAGE_FULL = "storage_full"
     STORAGE_LOCKED = "storage_locked"
     MIGRATION_FAILED = "migration_failed"
+    CONTROL_DB_MISSING = "control_db_missing"
     STARTING = "starting"
     WAITING_FOR_TURN = "waiting_for_turn"
     TOOL_PROCESS_RUNNING = "tool_process_running"
@@ -121,6 +122,8 @@ REASON_TEXT: dict[ReasonCode, str] = {
     ReasonCode.STORAGE_FULL: "The disk that holds the database is full: nothing new can be recorded until space is freed.",
     ReasonCode.STORAGE_LOCKED: "Another process holds the database's write lock: changes wait until it is released.",
     ReasonCode.MIGRATION_FAILED: "The database schema could not be migrated; old records are kept untouched.",
+    ReasonCode.CONTROL_DB_MISSING: "The control database this server used is gone or replaced: nothing is created in"
+                                   " its place; put it back, or choose to start over with `jupyter goals doctor --start-over`.",
     ReasonCode.STARTING: "jupyter_goals is starting (checking its databases and recovering work); try again in a moment.",
     ReasonCode.WAITING_FOR_TURN: "Waiting for the session's current request to finish.",
     ReasonCode.TOOL_PROCESS_RUNNING: "Waiting for a running tool process.",

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +284,24 @@ def pg_admin(sql: str) -> None:
         conn.execute(sql)  # type: ignore[arg-type]
 
 
+@contextmanager
+def pg_database(prefix: str) -> Iterator[tuple[str, str]]:
+    """A new database on the real PostgreSQL server (CI fails without one, elsewhere the test is skipped):
+    its name and URL; dropped at the end."""
+    import uuid
+
+    if reason := postgres_unreachable():
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set and {reason}")
+        pytest.skip(reason)
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    pg_admin(f'CREATE DATABASE "{name}"')
+    try:
+        yield name, f"{PG_SERVER}/{name}"
+    finally:
+        pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def ledger_in(url: str) -> list[tuple[str, str, int, int]]:
     """(receipt_key, session_id, input, output) of every receipt in a PostgreSQL ledger ([] while it has none)."""
     import psycopg
@@ -308,16 +327,7 @@ def test_a_postgresql_ledger_dropped_while_the_server_runs_is_migrated_again_and
     receipt (the two before the drop, the one while it was gone, one after) is counted exactly once.
     A restart adds nothing. (Before: the server kept writing to a database without tables and the
     receipts of the dropped one were gone for good.)"""
-    import uuid
-
-    if reason := postgres_unreachable():
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and {reason}")
-        pytest.skip(reason)
-    name = f"goals_usage_{uuid.uuid4().hex[:8]}"
-    url = f"{PG_SERVER}/{name}"
-    pg_admin(f'CREATE DATABASE "{name}"')
-    try:
+    with pg_database("goals_usage") as (name, url):
         with server_env(tmp_path, USAGE_RULES) as env:
             server = env["make"](extra=[f"--GoalsApp.usage_db_url={url}"]).start()
             cl = server.client()
@@ -362,8 +372,6 @@ def test_a_postgresql_ledger_dropped_while_the_server_runs_is_migrated_again_and
             server.stop()
             server.start()  # the next start finds the ledger whole: nothing applied again
             assert len(ledger_in(url)) == 4 and get(server, "health").json()["status"] == "ok"
-    finally:
-        pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def checkpoint(db: Path) -> None:
@@ -777,3 +785,145 @@ def test_a_migration_on_a_read_only_file_system_changes_nothing_says_why_and_com
         finally:
             _run("mount", "-o", "remount,rw", str(state))
         _migrated_fully_and_works(server, env, old_rows, v1_columns)
+
+
+# --------------------------------------------------------------------------- a control store gone or replaced
+
+
+def _control_waits(server: Any, *, says: str) -> dict[str, Any]:
+    """The server's start found the control store lost: health ``degraded`` / ``control_db_missing``,
+    its message containing ``says``; the error shown."""
+    def lost() -> bool:
+        health = _settled_health(server)
+        return health is not None and says in health["databases"]["control"].get("error", {}).get("message", "")
+
+    wait_for(lost, timeout=60, what=f"health to say the control store {says!r}")
+    health = get(server, "health").json()
+    assert (health["status"], health["reason_code"]) == ("degraded", "control_db_missing"), health
+    assert health["databases"]["control"]["ok"] is False
+    error: dict[str, Any] = health["databases"]["control"]["error"]
+    assert error["code"] == "control_db_missing" and "--start-over" in error["action"], error
+    for r in (get(server, "sessions"), post(server, "sessions", {"title": "while it is lost"})):
+        assert r.status_code == 503, r.text
+        assert r.json()["error"] == "control_db_missing" and says in r.json()["message"], r.text
+    return error
+
+
+def _looked_again(server: Any, error: dict[str, Any]) -> None:
+    """Durable evidence that the waiting server looked at the control store again after ``error`` was shown."""
+    def later() -> bool:
+        shown = get(server, "health").json()["databases"]["control"].get("error", {})
+        return float(shown.get("checked_at") or 0) > float(error["checked_at"])
+
+    wait_for(later, timeout=30, what="the waiting server to look at the control store again")
+
+
+def test_a_control_db_missing_at_start_is_never_replaced_by_an_empty_one_and_work_goes_on_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    """control.db (with its -wal / -shm) is moved away while the server is down, as a restore to the wrong
+    place or a cleanup script would. Before, the next start created an empty control.db: every session,
+    Goal, approval and intent gone without a word. Now the state dir remembers its control store: the start
+    waits, degraded ``control_db_missing`` saying what happened and what to do, requests answer 503 with
+    that reason, and nothing is created at the path, not by the tries every 2 s nor by `jupyter goals
+    doctor`, which explains. Another control store put there (someone else's, with its own schema) is
+    named as such and not written to. Once the right file is back the server goes on by itself, no restart:
+    the whole history is there and a chat goes on."""
+    from jupyter_goals.store import schema
+    from jupyter_goals.store.db import Database
+
+    with server_env(tmp_path, RULES) as env:
+        state = env["state"]
+        server = env["make"]().start()
+        cl = server.client()
+        sid = str(cl.create_session(title="kept", cwd=str(env["root"]))["session"]["session_id"])
+        cl.send(sid, "hi", client_request_id="h")
+        assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
+        before = [(i["kind"], i["content"]) for i in cl.session(sid)["transcript"]["items"]]
+        server.stop()
+        aside = tmp_path / "moved"
+        aside.mkdir()
+        for name in ("control.db", "control.db-wal", "control.db-shm"):
+            if (state / name).exists():
+                (state / name).rename(aside / name)
+
+        server.start(wait=False)
+        error = _control_waits(server, says="is gone")
+        assert str(state / "control.db") in error["message"], error
+        _looked_again(server, error)
+        doctor = goals(state, "doctor")
+        assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+        assert "control: MISSING" in doctor.stdout and "--start-over" in doctor.stdout, doctor.stdout
+        assert not (state / "control.db").exists()  # neither the server's tries nor doctor made an empty one
+
+        other = Database(f"sqlite:///{state / 'control.db'}")  # another store (its own schema) at the path
+        schema.migrate(other, "control")
+        other.close()
+        other_digests = table_digests(state / "control.db")
+        error = _control_waits(server, says="is another control store")
+        _looked_again(server, error)
+        assert table_digests(state / "control.db") == other_digests  # nothing written to it
+
+        for name in ("control.db-wal", "control.db-shm"):
+            (state / name).unlink(missing_ok=True)
+        for f in aside.iterdir():
+            f.rename(state / f.name)
+        server.wait_ready(timeout=60)  # it goes on by itself: workers run
+        wait_for(lambda: get(server, "health").json()["status"] == "ok", timeout=30, what="health ok")
+        cl = server.client()
+        assert [(i["kind"], i["content"]) for i in cl.session(sid)["transcript"]["items"]][:len(before)] == before
+        cl.send(sid, "hi again", client_request_id="h2")
+        assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
+
+
+@pytest.mark.postgres
+def test_a_postgresql_control_store_emptied_while_the_server_is_down_waits_until_the_person_starts_over(
+    tmp_path: Path,
+) -> None:
+    """The control store is a PostgreSQL database; while the server is down it is dropped and created
+    again empty (a botched restore). The start does not migrate the empty database as if it were a first
+    start: degraded ``control_db_missing``, nothing created there (no table, after the server looked
+    again), `jupyter goals doctor` explains. `doctor --start-over` is refused (exit 2, "nothing to do")
+    while the store is the one the state dir knows, and once it is lost it is the person's choice to
+    begin again: the waiting server goes on by itself with an empty history, and a chat works."""
+    import psycopg
+
+    with pg_database("goals_control") as (name, url):
+
+        def tables() -> list[str]:
+            with psycopg.connect(url) as conn:
+                return [str(r[0]) for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+
+        with server_env(tmp_path, RULES) as env:
+            state = env["state"]
+            server = env["make"](extra=[f"--GoalsApp.control_db_url={url}"]).start()
+            cl = server.client()
+            sid = str(cl.create_session(title="gone", cwd=str(env["root"]))["session"]["session_id"])
+            cl.send(sid, "hi", client_request_id="h")
+            assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
+            refused = goals(state, "--control-db-url", url, "doctor", "--start-over")
+            assert refused.returncode == 2 and "nothing to do" in refused.stderr, refused.stdout + refused.stderr
+            server.stop()
+            pg_admin(f'DROP DATABASE "{name}" WITH (FORCE)')
+            pg_admin(f'CREATE DATABASE "{name}"')
+
+            server.start(wait=False)
+            error = _control_waits(server, says="holds no records")
+            _looked_again(server, error)
+            assert tables() == []
+            doctor = goals(state, "--control-db-url", url, "doctor")
+            assert doctor.returncode == 1 and "control: MISSING" in doctor.stdout, doctor.stdout + doctor.stderr
+            assert tables() == []
+
+            chosen = goals(state, "--control-db-url", url, "doctor", "--start-over")
+            assert chosen.returncode == 0 and "Starting over" in chosen.stdout, chosen.stdout + chosen.stderr
+            server.wait_ready(timeout=60)
+            wait_for(lambda: get(server, "health").json()["status"] == "ok", timeout=30, what="health ok")
+            cl = server.client()
+            assert cl.sessions() == []  # the person chose an empty history
+            sid = str(cl.create_session(title="anew", cwd=str(env["root"]))["session"]["session_id"])
+            cl.send(sid, "hi", client_request_id="h")
+            assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
+            server.stop()
+            server.start()  # the new store is the one remembered now
+            assert get(server, "health").json()["status"] == "ok"

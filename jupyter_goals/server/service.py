@@ -48,7 +48,7 @@ from jupyter_goals.runtime.supervisor import Supervisor, WorkerConfig
 from jupyter_goals.runtime.tools import ToolRegistry, cancellable
 from jupyter_goals.store import control as c
 from jupyter_goals.store import goals as goal_store
-from jupyter_goals.store import notebooks, recovery_passes, waits
+from jupyter_goals.store import known, notebooks, recovery_passes, waits
 from jupyter_goals.store import usage as u
 from jupyter_goals.store.db import Database, MigrationFailed, Row, StorageUnavailable, Tx
 from jupyter_goals.store.events import EventTail
@@ -190,6 +190,7 @@ class GoalsService:
         # what to do about a control migration the file system failed (full, read-only, I/O error): it is
         # tried again by itself meanwhile; None: no such failure (a broken migration needs a person)
         self.migration_action: str | None = None
+        self.control_checked_at: float | None = None  # the last start try's look at the control store (health)
         self.usage_degraded: str | None = None
         self.started = False  # the schema is migrated (or the store is degraded)
         self.usage_ready = False  # usage.db is migrated; until then receipts wait in the outbox
@@ -308,16 +309,34 @@ class GoalsService:
         await asyncio.to_thread(old.close)  # waits for a transaction still running on it
 
     async def _migrate_control(self) -> bool:
+        """Migrate the control store, unless it is lost (store/known.py): gone, emptied or replaced since
+        this state dir used it. Then nothing is created or written there: degraded ``control_db_missing``
+        with what to do, tried again every 2 s (``_retry_start``) until it is back or the person chose
+        to start over."""
+        lost = await asyncio.to_thread(known.lost, self.config.state_dir, self.control)
+        self.control_checked_at = time.time()
+        if lost is not None:
+            await asyncio.to_thread(self.control.disconnect)  # the next look opens what is at the path then
+            self.degraded = Degraded(ReasonCode.CONTROL_DB_MISSING, lost.message)
+            self.migration_action = lost.action
+            return False
         try:
             await asyncio.to_thread(migrate, self.control, "control")
+            created = await self.control.run(created_at, write=False)
+            if created is not None:  # from now on a start that finds it gone or another one says so
+                await asyncio.to_thread(known.remember, self.config.state_dir, self.config.control_db_url, created)
         except MigrationFailed as exc:
             self.degraded = Degraded(ReasonCode.MIGRATION_FAILED, str(exc))
             self.migration_action = exc.action
         except StorageUnavailable as exc:
             self.degraded = Degraded(ReasonCode.STORAGE_UNAVAILABLE, str(exc))
+        except OSError as exc:  # the record could not be written (a read-only or full state dir)
+            self.degraded = Degraded(ReasonCode.STORAGE_UNAVAILABLE,
+                                     f"cannot record the control store in {self.config.state_dir}: {exc}")
         else:
             self.degraded = None
             self.migration_action = None
+            self.control.create = False  # a connection opened again never creates an empty control.db
         return self.degraded is None
 
     async def _migrate_usage(self) -> bool:
@@ -345,7 +364,8 @@ class GoalsService:
     async def _retry_start(self) -> None:
         delay = 1.0
         while True:
-            await asyncio.sleep(delay)
+            missing = self.degraded is not None and self.degraded.code == ReasonCode.CONTROL_DB_MISSING
+            await asyncio.sleep(2.0 if missing else delay)  # a store put back is used within seconds
             delay = min(delay * 2, 30.0)
             if await self._migrate_control():
                 log.info("jupyter_goals: control store readable again; starting")
@@ -355,6 +375,8 @@ class GoalsService:
                     and self.migration_action is None:
                 log.error("jupyter_goals degraded: %s", self.degraded)  # a broken migration: a person acts
                 return
+            if self.degraded is not None and self.degraded.code == ReasonCode.CONTROL_DB_MISSING:
+                continue  # said once at the start (health and doctor say it meanwhile)
             if self.migration_action is not None:
                 log.warning("jupyter_goals: control migration tried again, still failing (%s); next try in %.0f s",
                             self.degraded, delay)
@@ -528,6 +550,7 @@ class GoalsService:
             databases["control"]["error"] = {"code": self.degraded.code.value, "message": str(self.degraded)}
             if self.migration_action is not None:
                 databases["control"]["error"]["action"] = self.migration_action
+                databases["control"]["error"]["checked_at"] = self.control_checked_at  # tried again meanwhile
         elif problem is not None:
             databases["control"]["error"] = {"code": problem.code, "message": str(problem),
                                              "action": storage_action(problem.code, self.config.control_db_url)}
@@ -957,8 +980,4 @@ def _session_view(s: Row) -> dict[str, Any]:
     return {k: s[k] for k in ("session_id", "title", "cwd", "model", "permissions", "created_at", "updated_at")}
 
 
-def _redact(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
+_redact = known.redact

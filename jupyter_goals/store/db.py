@@ -15,6 +15,7 @@ import re
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -251,6 +252,10 @@ class Database:
         self.path = url.removeprefix("sqlite:///") if self.dialect == "sqlite" else None
         self.inline = inline and self.dialect == "sqlite"
         self.busy_timeout_ms = busy_timeout_ms
+        # False: a SQLite file that is not there is an error, never created empty (a server's connections
+        # opened again after its start: an empty control.db in place of a deleted one would pass for a
+        # first start; store/known.py)
+        self.create = True
         self._writer = _Lane("jupyter-goals-db")
         self._reader = self._writer if self.inline else _Lane("jupyter-goals-db-read")
         self._wal_writer = False  # the write connection stays at busy_timeout=0 (``_polls_for_lock``)
@@ -262,12 +267,12 @@ class Database:
     def _connect(self) -> Any:
         if self.dialect == "sqlite":
             assert self.path is not None
-            if not os.path.exists(self.path):
+            if self.create and not os.path.exists(self.path):
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            target = self.path if self.create else f"file:{urllib.parse.quote(os.path.abspath(self.path))}?mode=rw"
             try:
-                conn = sqlite3.connect(
-                    self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_ms / 1000
-                )
+                conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False,
+                                       timeout=self.busy_timeout_ms / 1000, uri=not self.create)
                 conn.row_factory = sqlite3.Row
                 conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
                 conn.execute("PRAGMA journal_mode=WAL")
@@ -462,6 +467,14 @@ class Database:
 
     def close(self) -> None:
         self._closed = True  # after close() nothing reopens a connection behind the owner's back
+        self._close_connections(shutdown=True)
+
+    def disconnect(self) -> None:
+        """Close the connections (blocking); the next transaction opens new ones, on the file at the path
+        then (a SQLite connection holds the file it opened, even once another is put in its place)."""
+        self._close_connections(shutdown=False)
+
+    def _close_connections(self, *, shutdown: bool) -> None:
         for lane in {id(self._writer): self._writer, id(self._reader): self._reader}.values():
 
             def _close(lane: _Lane = lane) -> None:
@@ -470,8 +483,9 @@ class Database:
 
             if lane.executor is not None:
                 lane.executor.submit(_close).result(timeout=10)
-                lane.executor.shutdown(wait=True)
-                lane.executor = None
+                if shutdown:
+                    lane.executor.shutdown(wait=True)
+                    lane.executor = None
             else:
                 _close()
 
