@@ -44,17 +44,28 @@ def test_receipts_are_counted_exactly_once_after_a_crash_around_the_ledger_write
 
     server = env["make"]().start()
     cl = server.client()
-    assert cl.wait(sid, timeout=60)["work"]["phase"] == "done"
+    snap = cl.wait(sid, timeout=60)
+    assert snap["work"]["phase"] == "done"
     wait_for(lambda: cl.usage(session_id=sid)["ledger_writes_pending"] == 0, what="the outbox to drain")
     assert_each_answer_counted_once(env["state"])
     answer = cl.usage(session_id=sid)
-    assert answer["known_tokens"] == {"input": 18, "output": 6, "cached": 0}  # 8+10 in, 2+4 out, once each
+    # the kill -9 at the outbox's ledger write (on the server) takes the worker with it wherever it is: mostly
+    # with the command's result committed or the command running (reconnected: its real result), but now
+    # and then between the call's `dispatched` commit and the command's identity on disk (more often on a
+    # busy machine): then the outcome is unknown, the command never started, and the model answers so
+    said = [i["content"] for i in snap["transcript"]["items"] if i["kind"] == "assistant"]
+    if said[-1] == "Appended one line.":
+        assert answer["known_tokens"] == {"input": 18, "output": 6, "cached": 0}  # 8+10 in, 2+4 out, once each
+        assert lines(env["out"]) == 1
+    else:
+        assert said[-1] == "The append has an unknown outcome; I will not repeat it.", said
+        assert answer["known_tokens"] == {"input": 17, "output": 5, "cached": 0}  # 8+9 in, 2+3 out, once each
+        assert lines(env["out"]) == 0  # a command runs only once its identity is on disk
     # the scripted provider is free: known, not unknown. A request the kill -9 caught in flight (its
     # worker died with the server) is "usage unknown", never zero, and is the only unknown allowed
     lost = len(db_rows(env["state"], "SELECT 1 FROM requests WHERE state = 'lost'"))
     assert answer["unknown_usage_requests"] == lost <= 1
     assert answer["display"] == "Known $0.00" + (f"; usage unknown for {lost} additional request" if lost else "")
-    assert lines(env["out"]) == 1
 
 
 def test_a_worker_killed_right_after_committing_its_final_answer_does_not_ask_the_model_again(
