@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.start_over:
             return start_over(state, control_url)
         return doctor(state, control_url, usage_url, repair=args.repair)
+    if (lost := _control_lost(state, control_url)) is not None:  # never read or written as if it were ours
+        print(f"error: {lost.message} {lost.action}", file=sys.stderr)
+        return 2
     if control_url.startswith("sqlite:///") and not os.path.exists(control_url.removeprefix("sqlite:///")):
         print(f"error: no control database at {control_url} (has the server run with this state dir?)", file=sys.stderr)
         return 2

@@ -854,7 +854,9 @@ def test_a_control_db_missing_at_start_is_never_replaced_by_an_empty_one_and_wor
         doctor = goals(state, "doctor")
         assert doctor.returncode == 1, doctor.stdout + doctor.stderr
         assert "control: MISSING" in doctor.stdout and "--start-over" in doctor.stdout, doctor.stdout
-        assert not (state / "control.db").exists()  # neither the server's tries nor doctor made an empty one
+        status = goals(state, "status")  # the other commands refuse it too
+        assert status.returncode == 2 and "is gone" in status.stderr, status.stdout + status.stderr
+        assert not (state / "control.db").exists()  # neither the server's tries nor the commands made an empty one
 
         other = Database(f"sqlite:///{state / 'control.db'}")  # another store (its own schema) at the path
         schema.migrate(other, "control")
@@ -913,6 +915,8 @@ def test_a_postgresql_control_store_emptied_while_the_server_is_down_waits_until
             assert tables() == []
             doctor = goals(state, "--control-db-url", url, "doctor")
             assert doctor.returncode == 1 and "control: MISSING" in doctor.stdout, doctor.stdout + doctor.stderr
+            stop_all = goals(state, "--control-db-url", url, "stop-all")  # never written as if it were ours
+            assert stop_all.returncode == 2 and "holds no records" in stop_all.stderr, stop_all.stdout + stop_all.stderr
             assert tables() == []
 
             chosen = goals(state, "--control-db-url", url, "doctor", "--start-over")

@@ -125,10 +125,13 @@ def lost(state_dir: Path, db: Database) -> Lost | None:
     if db.path is not None and not os.path.exists(db.path):
         return Lost(f"{db.path} is gone: it was {known}. An empty one is not created in its place, so that no "
                     "history is lost unnoticed; work waits until it is back.", action)
+    was, db.create = db.create, False  # a file that goes away meanwhile is not made again, empty, by this look
     try:
         now = db.transact(created_at, write=False)
     except StorageUnavailable:
         return None
+    finally:
+        db.create = was
     if now is None:
         return Lost(f"{where} holds no records: it was {known}, now it is empty (emptied, dropped, or replaced by "
                     "an empty file). Nothing is written to it; work waits until the store is back.", action)
