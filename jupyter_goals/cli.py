@@ -216,9 +216,8 @@ def doctor(state: Path, control_url: str, usage_url: str, *, repair: bool = Fals
 
 def _control_lost(state: Path, control_url: str) -> known.Lost | None:
     db = Database(control_url)
-    db.create = False
     try:
-        return known.lost(state, db)
+        return known.lost(state, db)  # never creates the file
     finally:
         db.close()
 

@@ -54,7 +54,7 @@ def _read(state_dir: Path) -> dict[str, float]:
     return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def fsync_dir(directory: Path) -> None:
+def _fsync_dir(directory: Path) -> None:
     """Make a rename or a new file in ``directory`` durable."""
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -76,7 +76,7 @@ def _write(state_dir: Path, data: dict[str, float]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(state_dir)
+    _fsync_dir(state_dir)
 
 
 def remembered(state_dir: Path, url: str) -> float | None:
