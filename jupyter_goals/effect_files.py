@@ -32,6 +32,17 @@ def shell_result_text(effect_dir: Path) -> str | None:
     return clip(f"exit status: {code}\nstdout:\n{out}\nstderr:\n{err}")
 
 
+#: appended to the real result of a command that ran on while the worker watching it died or stopped: the model
+#: (and the person) learn what happened, and that the command was not started again
+RECOVERED_NOTE = ("note: the worker running this command stopped while it ran (a crash or a restart); the command "
+                  "was not started again: this is its one real result.")
+
+
+def recovered_result_text(text: str) -> str:
+    """The real result of a command reconnected (or read) after its worker stopped, with ``RECOVERED_NOTE``."""
+    return f"{text}\n{RECOVERED_NOTE}"
+
+
 def shell_process(effect_dir: Path) -> dict[str, Any] | None:
     try:
         return dict(json.loads((effect_dir / "proc.json").read_text()))

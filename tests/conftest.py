@@ -1,4 +1,5 @@
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,45 @@ from tests.browser import launch_chromium
 from tests.storekit import Backend, postgres_unreachable
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _checkout_status() -> str | None:
+    """``git status`` of the checkout (tracked changes and untracked files, ignored ones left out), or
+    None outside a git checkout."""
+    try:
+        run = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return run.stdout if run.returncode == 0 else None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller (or the only process) looks once
+        session.config.stash[_STATUS_KEY] = _checkout_status()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Tests write only under temporary directories: a run that changed the checkout fails in CI (and
+    says so locally, where a person may be editing while the tests run)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    before, after = session.config.stash.get(_STATUS_KEY, None), _checkout_status()
+    if before is None or after is None or before == after:
+        return
+    changed = sorted(set(after.splitlines()) ^ set(before.splitlines()))
+    message = "the test run changed the checkout (tests must write only under temporary directories):\n  " + "\n  ".join(changed)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.line("")
+        reporter.write_line(("FAILED: " if os.environ.get("CI") else "warning: ") + message, red=True)
+    if os.environ.get("CI"):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_STATUS_KEY = pytest.StashKey[str | None]()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -17,4 +17,6 @@ def test_demo_kills_the_server_mid_command_and_the_chat_finishes_with_the_comman
     assert run.returncode == 0, run.stdout + run.stderr
     assert "kill -9 of the server" in run.stdout and "phase done" in run.stdout
     assert "[interruption]" in run.stdout  # the transcript shows the crash
+    # the answer after the crash says what happened (not "kill the server next time")
+    assert "kept running while its worker stopped" in run.stdout and "next time" not in run.stdout, run.stdout
     assert len((tmp_path / "workspace" / "slow-demo.log").read_text().splitlines()) == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,21 @@ async def test_created_session_is_listed_and_has_a_snapshot(api: Api, goals_stat
     assert set(snap["transcript"]) >= {"items", "next_cursor"}
     assert snap["event_seq"] >= 1
     assert {"can_pause", "can_resume", "can_end", "can_retry", "can_verify", "reason_code"} <= set(snap["actions"])
+
+
+async def test_a_session_without_a_folder_runs_in_the_server_root_and_a_relative_one_below_it(
+    api: Api, jp_serverapp: ServerApp, tmp_path: Path
+) -> None:
+    """An empty folder means the server's root directory (what JupyterLab's file browser shows), never
+    the directory the server process was started from; a relative folder (the file browser's path) is
+    resolved below the root; an absolute one is kept."""
+    root = Path(os.path.abspath(jp_serverapp.root_dir))  # noqa: ASYNC240 - path arithmetic
+    assert str(root) != os.getcwd()  # the two differ here, as in `bash scripts/run`
+    for body, expected in (({}, root), ({"cwd": ""}, root), ({"cwd": "  "}, root),
+                           ({"cwd": "data/raw"}, root / "data" / "raw"), ({"cwd": "data/../notes"}, root / "notes"),
+                           ({"cwd": str(tmp_path)}, tmp_path)):
+        created = await api.ok("POST", "sessions", {"title": "folder", **body}, expect=201)
+        assert created["session"]["cwd"] == str(expected), body
 
 
 @pytest.mark.parametrize(

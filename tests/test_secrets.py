@@ -198,6 +198,32 @@ async def test_a_reconciled_late_receipt_notes_the_redaction_on_its_item(
         rig.close()
 
 
+async def test_a_result_that_finished_while_its_worker_was_dead_is_redacted_and_says_it_was_not_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command that exits while its worker is dead: recovery commits its real result, redacted like
+    every result (it was not) and noting that the command ran on and was not started again."""
+    monkeypatch.setenv("DEPLOY_TOKEN", "deploy-token-value")
+    rig = Rig(tmp_path, _shell_rules("echo $DEPLOY_TOKEN"))
+    rig.tool_env_allow = ["DEPLOY_TOKEN"]
+    try:
+        sid = rig.session({"mode": "bypass"})
+        rig.send(sid, "go")
+        effect_dir = await rig.crash_after_spawn()
+        deadline = time.monotonic() + 10
+        while not (effect_dir / "exit").exists():  # the command finishes while nothing watches it
+            assert time.monotonic() < deadline, "the command did not finish"
+            await asyncio.sleep(0.05)
+        await rig.recover()
+        [result] = [i for i in rig.items(sid) if i.kind == "tool_result"]
+        assert result.state == "committed" and "exit status: 0" in result.content
+        assert "[redacted: DEPLOY_TOKEN]" in result.content and "deploy-token-value" not in result.content
+        assert result.meta["redacted"] == ["DEPLOY_TOKEN"]
+        assert "was not started again" in result.content
+    finally:
+        rig.close()
+
+
 def _secrets_absent(blob: str, secrets: dict[str, str]) -> list[str]:
     return [name for name, value in secrets.items() if value in blob]
 

@@ -19,7 +19,13 @@ from typing import Any, Protocol
 
 from jupyter_goals import budget
 from jupyter_goals.config import GoalsConfig
-from jupyter_goals.effect_files import cancel_shell, cancelled_result_text, shell_alive, shell_result_text
+from jupyter_goals.effect_files import (
+    cancel_shell,
+    cancelled_result_text,
+    recovered_result_text,
+    shell_alive,
+    shell_result_text,
+)
 from jupyter_goals.faults import crash_point
 from jupyter_goals.goals.lifecycle import goal_wait
 from jupyter_goals.identity import ProcessIdentity
@@ -265,11 +271,13 @@ class Coordinator:
                     continue
                 effect_dir = self.state_dir / "effects" / eff["effect_id"]
                 text = shell_result_text(effect_dir) if eff["tool"] == "shell" else None
-                if text is not None:  # a real receipt: commit it as the result
-                    c.set_effect_state(tx, eff, EffectState.COMMITTED, text)
-                    c.append_item(tx, work["session_id"], ItemKind.TOOL_RESULT, "tool", text,
+                if text is not None:  # a real receipt: commit it as the result, credentials hidden as always
+                    clean = self.redactor.redact(recovered_result_text(text))
+                    c.set_effect_state(tx, eff, EffectState.COMMITTED, clean.text)
+                    c.append_item(tx, work["session_id"], ItemKind.TOOL_RESULT, "tool", clean.text,
                                   item_id=f"result:{eff['call_id']}", work_id=work["work_id"], turn_id=turn["turn_id"],
-                                  call_id=eff["call_id"], tool=eff["tool"], state=str(EffectState.COMMITTED))
+                                  call_id=eff["call_id"], tool=eff["tool"], state=str(EffectState.COMMITTED),
+                                  meta={"redacted": list(clean.names)} if clean.names else None)
                 elif eff["tool"] == "shell" and shell_alive(effect_dir):
                     continue  # a live child process: the next attempt reconnects and waits
                 else:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from jupyter_goals import budget, paid
-from jupyter_goals.effect_files import cancel_shell, cancelled_result_text, wait_shell
+from jupyter_goals.effect_files import cancel_shell, cancelled_result_text, recovered_result_text, wait_shell
 from jupyter_goals.faults import crash_point
 from jupyter_goals.goals import acceptance as goal_acceptance
 from jupyter_goals.goals import hooks as goal_hooks
@@ -472,7 +472,7 @@ class TurnRunner:
         if text is None:
             await self._commit_result(eff, "", EffectState.UNKNOWN)
         else:
-            await self._commit_result(eff, text, EffectState.COMMITTED)
+            await self._commit_result(eff, recovered_result_text(text), EffectState.COMMITTED)
 
     async def _commit_result(self, eff: Row, content: str, state: EffectState) -> None:
         """Commits the result with credentials replaced by ``[redacted: NAME]``; the result item's

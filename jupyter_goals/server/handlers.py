@@ -103,6 +103,11 @@ class GoalsHandler(ExtensionHandlerMixin, APIHandler):  # type: ignore[misc]
     def service(self) -> GoalsService:
         return self.settings["jupyter_goals_service"]  # type: ignore[no-any-return]
 
+    @property
+    def root_dir(self) -> str:
+        """The server's root directory (what the file browser shows): an empty session folder means it."""
+        return str(self.settings.get("server_root_dir") or ".")
+
     def body(self, model: type[M]) -> M:
         """The validated body, or a 4xx before anything is written (``server/bodies.py``: size, UTF-8,
         JSON, depth, surrogates, text length; then the model: types, unknown fields)."""
@@ -176,7 +181,7 @@ class SessionsHandler(GoalsHandler):
     @api
     async def post(self) -> None:
         body = self.body(CreateSession)
-        snapshot = await self.service.create_session(body)
+        snapshot = await self.service.create_session(body, self.root_dir)
         self.set_status(201)
         # contract (DESIGN §10): 201 {session_id, …}; the snapshot nests it under "session"
         self.finish({"session_id": snapshot["session"]["session_id"], **snapshot})
@@ -443,7 +448,7 @@ class NotebookSessionHandler(GoalsHandler):
     @api
     async def put(self) -> None:
         body = self.body(NotebookSession)
-        root_dir = str(self.settings.get("server_root_dir") or ".")
+        root_dir = self.root_dir
         try:
             path = notebook_api_path(body.path, root_dir)
         except ValueError as exc:

@@ -600,9 +600,11 @@ class GoalsService:
                 self.control.corruption = "; ".join(found[:3])
         return self.control.corruption
 
-    async def create_session(self, body: CreateSession) -> dict[str, Any]:
+    async def create_session(self, body: CreateSession, root_dir: str) -> dict[str, Any]:
+        """A new session; its folder is ``body.cwd`` (absolute, or relative to the server's root directory
+        ``root_dir``), and the root directory itself when none is given — never the server process's cwd."""
         self.check()
-        cwd = os.path.abspath(body.cwd or os.getcwd())  # noqa: ASYNC240 - path arithmetic, no disk access
+        cwd = session_folder(body.cwd, root_dir)
         model = self.catalog.resolve(body.model) if body.model else self.catalog.default_model  # UnknownModel → 400
         perms = (body.permissions.model_dump() if body.permissions else {"mode": "ask", "allow": []})
         row = await self.control.run(lambda tx: c.create_session(tx, body.title or "Untitled chat", cwd, model, perms))
@@ -939,6 +941,14 @@ class GoalsService:
         if self.degraded is not None or not self.started:
             return 0
         return int(await self.control.run(lambda tx: notebooks.rename(tx, old.strip("/"), new.strip("/"))))
+
+
+def session_folder(cwd: str | None, root_dir: str) -> str:
+    """A session's folder as an absolute path: ``cwd`` (``~`` expanded) when absolute, else resolved
+    against the server's root directory, which an empty ``cwd`` means. Path arithmetic, no disk access."""
+    root = os.path.abspath(os.path.expanduser(root_dir))
+    given = os.path.expanduser((cwd or "").strip())
+    return os.path.normpath(os.path.join(root, given)) if given else root
 
 
 def notebook_api_path(path: str, root_dir: str) -> str:
