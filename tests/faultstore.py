@@ -18,8 +18,9 @@ of the next write transaction that reached it fails:
 
 How a transaction is known to have reached a transition: the plan replaces the store function's
 module attribute (pytest's ``monkeypatch``) with a wrapper that, once the function returns, marks the
-connection of its ``tx``. Every caller goes through the module attribute (``c.mark_dispatched(tx, …)``
-with ``from jupyter_goals.store import control as c``), and so do calls inside a store module (a
+connection of its ``tx``, both in its aggregate module and in the facade ``store/control.py`` that
+re-exports it. Every caller goes through a module attribute (``c.mark_dispatched(tx, …)`` with
+``from jupyter_goals.store import control as c``), and so do calls inside a store module (a
 module global is looked up at call time), so the plan sees every call, on whichever thread the
 transaction runs; ``watch`` refuses a transition that some module imported by name (``from … import
 emit``), whose calls it could not see. A call from a plain ``Database`` is not marked: only a ``FaultyDatabase`` fails.
@@ -39,6 +40,7 @@ from typing import Any, Literal
 
 import pytest
 
+from jupyter_goals.store import control
 from jupyter_goals.store.db import Database, StorageUnavailable, Tx
 
 FaultKind = Literal["before_commit", "ack_lost", "lock_timeout"]
@@ -91,8 +93,11 @@ class FaultPlan:
         module = importlib.import_module(f"jupyter_goals.store.{module_name}")
         original = getattr(module, name)
         assert callable(original), transition
+        # the facade (``store/control.py``) re-exports the aggregates' names: wrapped there too, so calls
+        # through ``c.<name>`` are seen as well as those inside the store
+        facade = [control] if vars(control).get(name) is original else []
         for other in _product_modules():  # a caller holding the function itself would not be seen
-            if other is not module and vars(other).get(name) is original:
+            if other is not module and other is not control and vars(other).get(name) is original:
                 raise AssertionError(f"{other.__name__} imports {name} by name: the plan cannot see its calls")
 
         def wrapper(tx: Tx, *args: Any, **kwargs: Any) -> Any:
@@ -103,7 +108,8 @@ class FaultPlan:
             return result
 
         wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-        self.monkeypatch.setattr(module, name, wrapper)
+        for holder in (module, *facade):
+            self.monkeypatch.setattr(holder, name, wrapper)
         self._wrapped.add(transition)
 
     def count(self, transition: str) -> int:

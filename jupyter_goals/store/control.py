@@ -22,18 +22,12 @@ The other store modules keep their own tables (``goals.py``, ``waits.py``, ``rec
 inside the caller's single transaction; each state change writes its event row (monotonic ``seq``) in
 the same transaction; attempt writes start with ``fence()``.
 
-The names are not copied here: each is a property of this module's type that reads its aggregate
-module's attribute at every access (mypy reads the star imports below instead). So ``c.<name>`` always
-reaches what the aggregate holds now, and a test that wraps a transition in its own module
-(``tests/faultstore.py``: ``effects.mark_dispatched``, ``sessions.set_phase``, …) sees the calls made
-through this facade as well as those inside the store.
+The names are plain re-exports (star imports of each aggregate's ``__all__``). A test that wraps a
+transition (``tests/faultstore.py``) replaces it in its aggregate module and in this facade, so it sees
+the calls made through ``c.<name>`` as well as those inside the store.
 """
 
 from __future__ import annotations
-
-import sys
-from types import ModuleType
-from typing import TYPE_CHECKING
 
 from jupyter_goals.models import (
     AttemptState,
@@ -54,35 +48,17 @@ from jupyter_goals.store import requests as _requests
 from jupyter_goals.store import sessions as _sessions
 from jupyter_goals.store import shared as _shared
 from jupyter_goals.store import transcript as _transcript
+from jupyter_goals.store.attempts import *  # noqa: F403
+from jupyter_goals.store.controls import *  # noqa: F403
 from jupyter_goals.store.db import FencedError, NotFound, Row, Tx, VersionConflict
+from jupyter_goals.store.effects import *  # noqa: F403
+from jupyter_goals.store.requests import *  # noqa: F403
+from jupyter_goals.store.sessions import *  # noqa: F403
+from jupyter_goals.store.shared import *  # noqa: F403
+from jupyter_goals.store.transcript import *  # noqa: F403
 
-_AGGREGATES: tuple[ModuleType, ...] = (_shared, _sessions, _controls, _transcript, _attempts, _effects, _requests)
-_HOME: dict[str, ModuleType] = {name: module for module in _AGGREGATES for name in module.__all__}
-
-if TYPE_CHECKING:
-    from jupyter_goals.store.attempts import *  # noqa: F403
-    from jupyter_goals.store.controls import *  # noqa: F403
-    from jupyter_goals.store.effects import *  # noqa: F403
-    from jupyter_goals.store.requests import *  # noqa: F403
-    from jupyter_goals.store.sessions import *  # noqa: F403
-    from jupyter_goals.store.shared import *  # noqa: F403
-    from jupyter_goals.store.transcript import *  # noqa: F403
-else:
-
-    class _Facade(ModuleType):
-        """This module's type: each re-exported name is a property that reads its aggregate module's
-        attribute at every access (a property costs ~30 ns; a module ``__getattr__`` ~10x that)."""
-
-    def _reader(module: ModuleType, name: str) -> property:
-        return property(lambda _self: getattr(module, name))
-
-    def __dir__() -> list[str]:
-        return sorted({*globals(), *_HOME})
-
-    for _name, _module in _HOME.items():
-        setattr(_Facade, _name, _reader(_module, _name))
-    sys.modules[__name__].__class__ = _Facade
-
+#: the aggregate modules whose public names this facade re-exports
+AGGREGATES = (_shared, _sessions, _controls, _transcript, _attempts, _effects, _requests)
 
 __all__ = [
     "AttemptState",
@@ -101,3 +77,4 @@ __all__ = [
     "VersionConflict",
     "reason_text",
 ]
+__all__ += [name for module in AGGREGATES for name in module.__all__]
