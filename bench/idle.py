@@ -33,7 +33,6 @@ import sqlite3
 import statistics
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,12 +40,9 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from jupyter_goals.testing import ServerProcess, write_script
 
-from tests.servers import ServerProcess, write_script  # noqa: E402
-
-# the product's defaults (tests/servers.py's fast test defaults are overridden)
+# the product's defaults (the fast test defaults of jupyter_goals.testing are overridden)
 DEFAULTS = ["--GoalsApp.workers=2", "--GoalsApp.heartbeat_s=2.0", "--GoalsApp.lease_ttl_s=10",
             "--GoalsApp.reconcile_interval_s=5", "--GoalsApp.recovery_backoff_s=1",
             "--GoalsApp.provider_retry_base_s=1"]

@@ -25,7 +25,6 @@ import json
 import os
 import sqlite3
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -34,10 +33,7 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.servers import ServerProcess, write_script  # noqa: E402
+from jupyter_goals.testing import ServerProcess, write_script
 
 
 def rss_mb(pid: int) -> float:

@@ -2,7 +2,7 @@
 
 Run:  python bench/sessions_list.py [--sessions 1000] [--items 20000] [--repeat 5] [--json]
 
-Seeds a fresh state dir through the real store functions (``tests/seed.py``): ``--sessions`` sessions
+Seeds a fresh state dir through the real store functions (``jupyter_goals/testing/seed.py``): ``--sessions`` sessions
 with one finished chat each, and one session with an ``--items``-item transcript; then starts a real
 server on it and times HTTP requests with httpx, the way a browser or a script calls the API:
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,11 +28,8 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.seed import seed_long_session, seed_sessions  # noqa: E402
-from tests.servers import ServerProcess, write_script  # noqa: E402
+from jupyter_goals.testing import ServerProcess, write_script
+from jupyter_goals.testing.seed import seed_long_session, seed_sessions
 
 
 def timed(fn: Any, repeat: int) -> tuple[float, Any]:

@@ -9,7 +9,7 @@ import pytest
 from tests.browser import launch_chromium
 from tests.storekit import Backend, postgres_unreachable
 
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
+pytest_plugins = ["pytest_jupyter.jupyter_server", "jupyter_goals.testing.plugin", "pytester"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -255,7 +255,7 @@ def test_20000_item_session_opens_under_1s_with_bounded_dom_and_panel_pages_500_
     """A seeded 20,000-item session opens at its newest item in under 1 s (printed) with at most 400
     item nodes, also after scrolling up several pages (older pages load on scroll); the panel lists
     500 sessions page by page and the page stays responsive."""
-    from .seed import seed_long_session, seed_sessions
+    from jupyter_goals.testing.seed import seed_long_session, seed_sessions
 
     state_dir = tmp_path / "state"
     session_id = seed_long_session(state_dir, 20_000, title="Twenty thousand items")

@@ -3,7 +3,7 @@
 transcript paging of ``GET /sessions/{id}`` in both directions on a 20,000-item transcript.
 
 ``workers = 0``: nothing executes turns. Sessions and transcripts are seeded through the real store
-functions (``tests/seed.py``) into the server's own control.db.
+functions (``jupyter_goals/testing/seed.py``) into the server's own control.db.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from jupyter_goals.server.app import demo_model
 from jupyter_goals.server.service import LATEST
 from jupyter_goals.store import control as c
 from jupyter_goals.store.db import Database
+from jupyter_goals.testing.seed import seed_long_session, seed_sessions
 from tests import restkit
 from tests.restkit import Api, assert_error
-from tests.seed import seed_long_session, seed_sessions
 
 Json = dict[str, Any]
 # the REST tests' fixtures: their event loop, isolated state dir, and the started server's client

@@ -9,68 +9,17 @@ its real result and finishes. The log file gets exactly one line.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from jupyter_goals.notebook.client import GoalsClient
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class _Server:
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.workspace = base / "workspace"
-        self.token = uuid.uuid4().hex
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = ""
-
-    def start(self, timeout: float = 60.0) -> None:
-        port = _free_port()
-        self.url = f"http://127.0.0.1:{port}/"
-        env = dict(os.environ, JUPYTER_GOALS_STATE_DIR=str(self.base / "state"),
-                   JUPYTER_CONFIG_DIR=str(self.base / "config"), JUPYTER_RUNTIME_DIR=str(self.base / "runtime"))
-        env.pop("JUPYTER_GOALS_CRASH_AT", None)
-        cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}", "--ServerApp.port_retries=0",
-               f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.workspace}",
-               "--ServerApp.jpserver_extensions={'jupyter_goals': True}"]
-        if os.geteuid() == 0:
-            cmd.append("--allow-root")
-        log = open(self.base / "server.log", "ab")  # noqa: SIM115 - the server owns it until killed
-        self.proc = subprocess.Popen(cmd, env=env, cwd=self.workspace, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({self.proc.returncode}); see {self.base / 'server.log'}")
-            try:
-                r = httpx.get(f"{self.url}api/goals/health", headers={"Authorization": f"token {self.token}"}, timeout=2)
-                if r.status_code == 200 and r.json().get("workers"):
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"the server did not start; see {self.base / 'server.log'}")
-
-    def kill(self) -> None:
-        """kill -9 of the server and its workers (its process group); detached tool processes live on."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+from jupyter_goals.server.app import demo_model
+from jupyter_goals.testing.servers import ServerProcess
 
 
 def _say(text: str) -> None:
@@ -89,14 +38,15 @@ def _wait(cond: Any, timeout: float, what: str) -> Any:
 
 def run_demo(directory: str | None = None) -> int:
     base = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="jupyter-goals-demo-"))
-    (base / "workspace").mkdir(parents=True, exist_ok=True)
-    server = _Server(base)
-    out = server.workspace / "slow-demo.log"
+    workspace = base / "workspace"
+    workspace.mkdir(parents=True, exist_ok=True)
+    server = ServerProcess(base / "state", workspace, model=demo_model())
+    out = workspace / "slow-demo.log"
     try:
         _say(f"1. Starting jupyter server with jupyter_goals (state in {base / 'state'}) ...")
         server.start()
         client = GoalsClient(server.url, server.token)
-        sid = client.create_session(title="crash demo", cwd=str(server.workspace),
+        sid = client.create_session(title="crash demo", cwd=str(workspace),
                                     permissions={"mode": "bypass"})["session"]["session_id"]
         client.send(sid, "run something slow", client_request_id="demo-1")
         _say("2. Asked the demo model to run `sleep 10; date >> slow-demo.log` ...")

@@ -226,8 +226,7 @@ def admit(tx: Tx, work: Row, *, mode: str, turn_id: str | None, restricted: bool
         text = json.loads(work["input"]).get("text", "")
         transcript.append_item(tx, work["session_id"], ItemKind.USER, "user", text, work_id=work["work_id"], turn_id=turn_id,
                     item_id=f"input:{work['work_id']}")
-        tx.execute("UPDATE work_items SET input_consumed = 1 WHERE work_id = ?", (work["work_id"],))
-        work["input_consumed"] = 1
+        sessions.consume_input(tx, work)
     aid = shared.new_id("att")
     now = time.time()
     tx.execute(

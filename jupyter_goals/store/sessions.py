@@ -35,6 +35,7 @@ __all__ = [
     "pending_steer",
     "consume_message",
     "finish_work",
+    "consume_input",
     "set_retry_at",
     "set_control_version",
     "set_objective_revision",
@@ -266,6 +267,12 @@ def consume_message(tx: Tx, message_id: str) -> None:
 
 
 # --------------------------------------------------------------------------- work item transitions
+
+
+def consume_input(tx: Tx, work: Row) -> None:
+    """The work item's original input is in the transcript (appended once, when its first turn starts)."""
+    tx.execute("UPDATE work_items SET input_consumed = 1 WHERE work_id = ?", (work["work_id"],))
+    work["input_consumed"] = 1
 
 
 def finish_work(tx: Tx, work: Row, *, reset_deaths: bool = False) -> None:

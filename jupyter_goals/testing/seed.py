@@ -78,8 +78,8 @@ def seed_sessions(state_dir: Path, n: int, *, with_work: bool = True, prefix: st
                 s = c.create_session(tx, f"{prefix} {i}", f"/tmp/project-{i}", model, {"mode": "ask", "allow": []})
                 if with_work:
                     work = c.create_work(tx, s, "chat", {"text": f"hello {i}"}, auto_recover=True, host=host_name())
-                    tx.execute("UPDATE work_items SET input_consumed = 1, desired_state = 'done' WHERE work_id = ?",
-                               (work["work_id"],))
+                    c.consume_input(tx, work)
+                    c.finish_work(tx, work)
                     c.set_phase(tx, work, "done", "completed")
                 ids.append(str(s["session_id"]))
             return ids
