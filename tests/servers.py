@@ -21,6 +21,8 @@ from jupyter_goals.testing.servers import (
     write_script,
 )
 
+ROOT = Path(__file__).resolve().parent.parent  # the checkout (a server given it on PYTHONPATH imports tests.*)
+
 __all__ = ["ServerFactory", "ServerProcess", "free_port", "full_passes", "server_env", "wait_for",
            "write_script"]
 
