@@ -9,13 +9,26 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
 
 class Strict(BaseModel):
     """Request bodies: unknown fields are rejected (the REST contract answers 400)."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+def _json_number(value: Any) -> Any:
+    """Lax pydantic reads ``false`` as 0 and ``"5"`` as 5, which the schema (and the OpenAPI document)
+    does not allow; ``5.0`` is an integer for JSON Schema, and stays one here."""
+    if isinstance(value, (bool, str)):
+        raise ValueError("must be a JSON number")
+    return value
+
+
+# after the field's constraints in an ``Annotated`` (pydantic then writes them as JSON Schema keywords)
+NUMBER_ONLY = BeforeValidator(_json_number)
+JsonInt = Annotated[int, NUMBER_ONLY]
 
 
 # --------------------------------------------------------------------------- run intent
@@ -324,10 +337,16 @@ class PathRule(Strict):
 class Permissions(Strict):
     """``ask`` (default): trusted read-only tools run, others need approval unless an ``allow`` rule
     (a tool name, or a :class:`PathRule`) matches; ``bypass``: no approvals. Neither waives the
-    one-time approval that follows unknown effects."""
+    one-time approval that follows unknown effects. In ``ask`` a built-in read outside the chat's folder
+    and ``folders``, or where credentials are kept, asks (runtime/permissions.py rule 2)."""
 
     mode: Literal["ask", "bypass"] = "ask"
     allow: list[str | PathRule] = Field(default_factory=list)
+    # folders the person added to the chat: built-in reads there run without asking in ask mode (absolute,
+    # ~/…, or relative to the chat's folder; resolved, symlinks followed, at each check)
+    folders: list[Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=r"^[^\x00]+$")]] = Field(
+        default_factory=list, max_length=64
+    )
     # environment variables this session's tool processes may see beyond the base allow-list and
     # GoalsApp.tool_env_allow (names or globs; a secret-looking name only when named exactly)
     env_allow: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_*?][A-Za-z0-9_*?]*$", max_length=200)]] = Field(
@@ -339,7 +358,7 @@ class UpdateSession(Strict):
     """``PATCH /sessions/{id}``: change the permission scope of the session and its unfinished work."""
 
     permissions: Permissions
-    expected_control_version: int | None = None
+    expected_control_version: JsonInt | None = None
 
 
 class CreateSession(Strict):
@@ -352,7 +371,8 @@ class CreateSession(Strict):
 class NotebookSession(Strict):
     """``PUT /notebook-session``: the session bound to a notebook path, created on first use.
     ``session_id`` rebinds the path to that existing session; ``title``/``model``/``permissions`` apply
-    only when a new session is created."""
+    only when a new session is created. A ``path`` ending in ``/`` names a folder (``./`` the root): the
+    session of the kernels working there that cannot know their notebook (nbconvert, papermill)."""
 
     path: str = Field(min_length=1, max_length=4096)
     session_id: str | None = None
@@ -378,12 +398,22 @@ class CreateJob(Strict):
     client_request_id: str | None = Field(default=None, min_length=1, max_length=200)
 
 
+CONTROL_ACTIONS = ("pause", "resume", "stop", "retry")
+
+
 class SessionAction(Strict):
-    """``cancel_tool`` cancels one running call (``effect_id``); the turn goes on with that result."""
+    """``cancel_tool`` cancels one running call (``effect_id``); the turn goes on with that result. The
+    schema states the coupling too (``oneOf``), so the OpenAPI document allows only what is accepted."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
+        {"properties": {"action": {"enum": list(CONTROL_ACTIONS)}, "effect_id": {"type": "null"}}},
+        {"properties": {"action": {"const": "cancel_tool"}, "effect_id": {"type": "string", "minLength": 1}},
+         "required": ["action", "effect_id"]},
+    ]})
 
     action: Literal["pause", "resume", "stop", "retry", "cancel_tool"]
-    expected_control_version: int | None = None
-    effect_id: str | None = None
+    expected_control_version: JsonInt | None = None
+    effect_id: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _effect_only_for_cancel_tool(self) -> SessionAction:
@@ -411,8 +441,13 @@ class WorkView(BaseModel):
 
 
 class Actions(BaseModel):
+    """What a person may do now, computed by the server (clients never infer it). One name per action:
+    a session's ``stop`` is offered by ``can_stop`` (the button "Stop"; ``can_end`` is its older name there,
+    kept equal for older clients); a Goal's ``end`` by ``can_end`` (the button "End")."""
+
     can_pause: bool = False
     can_resume: bool = False
+    can_stop: bool = False
     can_end: bool = False
     can_retry: bool = False
     can_verify: bool = False
@@ -450,7 +485,14 @@ class Verdict(StrEnum):
 class Requirement(Strict):
     """A verifiable condition of a Goal. ``command``: a shell run exiting 0 after the last write to
     ``path`` (when given); ``file_exists``: ``path`` exists; ``file_digest``: ``path`` has ``sha256``;
-    ``semantic``: judged by the independent acceptance review."""
+    ``semantic``: judged by the independent acceptance review. What each kind needs is in the schema
+    too (``allOf`` of ``if``/``then``), as ``goals/rules.normalize_requirements`` checks it."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"allOf": [
+        {"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
+         "then": {"properties": {f: {"type": "string", "minLength": 1} for f in needs}, "required": list(needs)}}
+        for kind, needs in (("command", ("command",)), ("file_exists", ("path",)), ("file_digest", ("path", "sha256")))
+    ]})
 
     id: str | None = Field(default=None, min_length=1, max_length=100)
     text: str = Field(min_length=1)
@@ -463,33 +505,37 @@ class Requirement(Strict):
 class Budget(Strict):
     """Hard limits, unlimited unless set; enforced by ``jupyter_goals.budget`` before every paid request."""
 
-    max_cost_usd: float | None = Field(default=None, ge=0)
-    max_tokens: int | None = Field(default=None, ge=0)
-    max_active_seconds: float | None = Field(default=None, ge=0)
+    max_cost_usd: Annotated[float, Field(ge=0), NUMBER_ONLY] | None = None
+    max_tokens: Annotated[int, Field(ge=0), NUMBER_ONLY] | None = None
+    max_active_seconds: Annotated[float, Field(ge=0), NUMBER_ONLY] | None = None
     # audited per-request limits: with a known price they make a request's maximum cost computable,
     # so it can be reserved before dispatch (output is also sent to the provider as its limit)
-    max_input_tokens_per_request: int | None = Field(default=None, ge=1)
-    max_output_tokens_per_request: int | None = Field(default=None, ge=1)
+    max_input_tokens_per_request: Annotated[int, Field(ge=1), NUMBER_ONLY] | None = None
+    max_output_tokens_per_request: Annotated[int, Field(ge=1), NUMBER_ONLY] | None = None
+
+
+# JSON Schema has no "unique by property": the rule lives in the description (400 when broken)
+REQUIREMENT_IDS = "each requirement `id` at most once (unnamed ones get r1, r2, …)"
 
 
 class CreateGoal(Strict):
     session_id: str = Field(min_length=1)
     objective: str = Field(min_length=1)
-    requirements: list[Requirement] | None = None
+    requirements: list[Requirement] | None = Field(default=None, description=REQUIREMENT_IDS)
     budget: Budget | None = None
 
 
 class UpdateGoal(Strict):
-    expected_revision: int
+    expected_revision: JsonInt
     objective: str | None = Field(default=None, min_length=1)
-    requirements: list[Requirement] | None = None
+    requirements: list[Requirement] | None = Field(default=None, description=REQUIREMENT_IDS)
     budget: Budget | None = None
     reason: str | None = Field(default=None, min_length=1)
 
 
 class GoalAction(Strict):
     action: Literal["pause", "resume", "verify", "end"]
-    expected_revision: int
+    expected_revision: JsonInt
 
 
 # --------------------------------------------------------------------------- the front door (issue 12)

@@ -109,3 +109,18 @@ def cell_outputs(nb: nbformat.NotebookNode, tag: str) -> list[dict[str, Any]]:
     cells = [c for c in nb.cells if tag in c.get("metadata", {}).get("tags", [])]
     assert len(cells) == 1, f"one cell tagged {tag!r} expected, found {len(cells)}"
     return [dict(o) for o in cells[0].get("outputs", [])]
+
+
+def runtime_dir(server: ServerProcess) -> Path:
+    """Where ``server`` wrote its ``jpserver-*.json`` (tests/servers.py gives each server its own)."""
+    return server.state_dir.parent / "jupyter_runtime"
+
+
+def ci_env(server: ServerProcess, **extra: str) -> dict[str, str]:
+    """The environment of a CI job that runs notebooks with ``jupyter nbconvert --execute`` or papermill
+    beside a running ``jupyter server``: no ``JPY_SESSION_NAME`` and none of the extension's variables, so
+    its kernels find the server through its runtime file and cannot know their notebook."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER_GOALS_", "JPY_"))}
+    env["JUPYTER_RUNTIME_DIR"] = str(runtime_dir(server))
+    env.update(extra)
+    return env

@@ -121,5 +121,5 @@ async def test_permission_change_answers_400_404_and_409(api: Api, chat: dict[st
     work = (await api.ok("GET", f"sessions/{sid}"))["work"]
     snap = await api.ok("PATCH", f"sessions/{sid}", {"permissions": {"mode": "bypass"},
                                                      "expected_control_version": work["control_version"]})
-    assert snap["session"]["permissions"] == {"mode": "bypass", "allow": [], "env_allow": []}
+    assert snap["session"]["permissions"] == {"mode": "bypass", "allow": [], "folders": [], "env_allow": []}
     assert snap["work"]["control_version"] == work["control_version"] + 1

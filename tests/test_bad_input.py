@@ -146,6 +146,26 @@ async def test_the_limits_are_in_the_openapi_document_and_the_error_names_the_se
     assert code == 413 and "GoalsApp.max_message_chars" in answer["message"] and answer["message"].startswith("title is")
 
 
+async def test_cancel_tool_with_an_empty_effect_id_is_a_400_naming_the_field_and_changes_nothing(rest: Api) -> None:
+    """Issue 27 item 1: an empty ``effect_id`` fell through to the pause/resume/stop path, which has no
+    ``cancel_tool``: a 500 ``internal_error`` saying ``'cancel_tool'``."""
+    api = rest
+    sid = await api.new_session(title="unfinished")
+    await api.send(sid, "work on it", "r1")  # unfinished work: the path the empty id fell into
+    work = (await api.ok("GET", f"sessions/{sid}"))["work"]
+    for body in ({"action": "cancel_tool", "effect_id": ""}, {"action": "cancel_tool"},
+                 {"action": "cancel_tool", "effect_id": None}):
+        code, answer = await api.call("POST", f"sessions/{sid}/actions", body)
+        assert code == 400, (body, code, answer)
+        assert_error(answer, "bad_request")
+        assert "effect_id" in answer["message"], answer
+    after = (await api.ok("GET", f"sessions/{sid}"))["work"]
+    assert (after["work_id"], after["desired_state"], after["control_version"]) == (
+        work["work_id"], "run", work["control_version"])
+    kinds = {e["kind"] for e in (await api.events())["events"] if e["session_id"] == sid}
+    assert not {k for k in kinds if k.startswith(("work.control", "effect.cancel"))}, kinds
+
+
 # --------------------------------------------------------------------------- a real jupyter server, limits set
 
 

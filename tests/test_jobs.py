@@ -507,7 +507,7 @@ async def test_jobs_rest_contract(rest: Api) -> None:
     assert job["goal_id"] is None and job["input"] == "report status"
     assert job["actions"]["can_pause"] and job["actions"]["can_end"]
     snap = await rest.ok("GET", f"sessions/{job['session_id']}")
-    assert snap["session"]["permissions"] == {"mode": "ask", "allow": ["write_file"], "env_allow": []}  # the caller's, no broader
+    assert snap["session"]["permissions"] == {"mode": "ask", "allow": ["write_file"], "folders": [], "env_allow": []}  # the caller's, no broader
     # Goal identity: explicit, or the caller session's active Goal
     goal = await rest.ok("POST", "goals", {"session_id": sid, "objective": "Keep it tidy",
                                            "requirements": [{"text": "tidy"}]}, expect=201)

@@ -11,8 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from jupyter_goals.notebook import cards
 from jupyter_goals.notebook.client import GoalsClient, GoalsError, ServerNotFound, find_server
-from tests.kernels import scripted_server
+from tests.kernels import Kernel, bundles, ci_env, errors, scripted_server, text
 from tests.servers import ServerProcess, db_rows
 
 pytestmark = pytest.mark.slow  # a real jupyter server process
@@ -63,6 +64,68 @@ def test_binding_to_an_existing_session_and_an_unknown_one(server: ServerProcess
     assert err.value.status == 404
 
 
+
+def test_no_notebook_path_is_refused_by_the_client_saying_what_to_do(server: ServerProcess,
+                                                                    bare_env: pytest.MonkeyPatch) -> None:
+    """Outside a kernel (a script, a terminal) ``kernel_notebook_path()`` is None; ``notebook_session(None)``
+    is refused before anything is sent, with what to do instead (it used to be a pydantic 400)."""
+    client = GoalsClient(server.url, server.token)
+    assert client.kernel_notebook_path() is None
+    for path in (None, "", "  "):
+        with pytest.raises(ValueError) as err:
+            client.notebook_session(path)
+        message = str(err.value)
+        for named in ("GoalsClient(notebook=", "JUPYTER_GOALS_NOTEBOOK", "create_session()"):
+            assert named in message
+        assert "Input should be" not in message
+
+
+def test_a_folder_path_names_the_session_of_the_kernels_that_run_there(server: ServerProcess) -> None:
+    """A path ending in ``/`` (what a kernel that cannot know its notebook sends: its working directory)
+    names that folder's session: its folder as cwd, ``./`` for the root, moved with the folder."""
+    client = server.client()
+    work = client.notebook_session(f"{server.root_dir / 'work'}/")
+    assert work["path"] == "work/" and client.notebook_session("work/")["session_id"] == work["session_id"]
+    assert client.notebook_session("work/a.ipynb")["session_id"] != work["session_id"]  # a notebook is its own
+    session = client.session(work["session_id"])["session"]
+    assert session["cwd"] == str(server.root_dir / "work") and session["title"] == "work/"
+    root = client.notebook_session(f"{server.root_dir}/")
+    assert root["path"] == "./" and client.notebook_session("./")["session_id"] == root["session_id"]
+    assert client.session(root["session_id"])["session"]["cwd"] == str(server.root_dir)
+    with contents(server) as files:
+        assert files.put("/kfold", json={"type": "directory"}).status_code in (200, 201)
+        sid = client.notebook_session("kfold/")["session_id"]
+        assert files.patch("/kfold", json={"path": "kmoved"}).status_code == 200
+        assert client.notebook_session("kmoved/")["session_id"] == sid
+    with pytest.raises(GoalsError) as err:  # a kernel working outside the server root has no folder session
+        client.notebook_session(f"{server.state_dir}/")
+    assert err.value.status == 400
+    assert "outside the server root" in err.value.message and "JUPYTER_GOALS_NOTEBOOK" in err.value.message
+
+
+def test_a_kernel_that_cannot_know_its_notebook_uses_what_it_is_told_else_its_folder(server: ServerProcess) -> None:
+    """A plain kernel (nbconvert, papermill, nbclient: no ``JPY_SESSION_NAME``, not the server's): the
+    ``notebook`` argument, VS Code's ``__vsc_ipynb_file__``, ``JUPYTER_GOALS_NOTEBOOK``, else its working
+    directory; outside the server root the magics keep a session of their own."""
+    kernel = Kernel(ci_env(server), server.root_dir / "work")
+    try:
+        out = kernel.run("from jupyter_goals import GoalsClient\ngoals = GoalsClient()\n"
+                         "print(goals.address.found_by, '|', goals.kernel_notebook_path())")
+        assert text(out).strip() == f"runtime file (the working directory) | {server.root_dir / 'work'}/", out
+        out = kernel.run("import os\nos.environ['JUPYTER_GOALS_NOTEBOOK'] = 'work/told.ipynb'\n"
+                         "print(goals.kernel_notebook_path(), GoalsClient(notebook='arg.ipynb').kernel_notebook_path())")
+        assert text(out).split() == ["work/told.ipynb", "arg.ipynb"], out
+        out = kernel.run(f"__vsc_ipynb_file__ = {str(server.root_dir / 'vs.ipynb')!r}\nprint(goals.kernel_notebook_path())")
+        assert text(out).strip() == str(server.root_dir / "vs.ipynb"), out
+        out = kernel.run(f"del __vsc_ipynb_file__, os.environ['JUPYTER_GOALS_NOTEBOOK']\nos.chdir({str(server.state_dir)!r})\n"
+                         "%load_ext jupyter_goals\n%chat --wait hello")
+        assert not errors(out), out
+        [bundle] = bundles(out, cards.CHAT_MIME)
+        assert "ok" in bundle["text/html"]
+    finally:
+        kernel.shutdown()
+
+
 def test_renaming_a_notebook_or_its_folder_keeps_its_session(server: ServerProcess) -> None:
     client = server.client()
     with contents(server) as files:
@@ -87,7 +150,8 @@ def test_renaming_a_notebook_or_its_folder_keeps_its_session(server: ServerProce
 
 @pytest.fixture
 def bare_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
-    for name in ("JUPYTER_GOALS_SERVER_URL", "JUPYTER_GOALS_TOKEN", "JPY_PARENT_PID", "JPY_SESSION_NAME"):
+    for name in ("JUPYTER_GOALS_SERVER_URL", "JUPYTER_GOALS_TOKEN", "JUPYTER_GOALS_NOTEBOOK", "JPY_PARENT_PID",
+                 "JPY_SESSION_NAME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "empty-runtime"))
     monkeypatch.chdir(tmp_path)

@@ -5,6 +5,9 @@ slow command and starts it again: the command still runs exactly once."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +18,7 @@ import pytest
 
 from jupyter_goals.notebook import cards
 from jupyter_goals.server.app import demo_model
-from tests.kernels import bundles, cell_outputs, run_notebook, scripted_server, text
+from tests.kernels import bundles, cell_outputs, ci_env, run_notebook, scripted_server, text
 from tests.openai_server import OpenAITestServer, Plan, openai_usage
 from tests.servers import ServerProcess, db_rows, wait_for
 
@@ -148,3 +151,59 @@ def test_06_real_model_talks_to_an_openai_compatible_server(tmp_path: Path) -> N
         answer = text(cell_outputs(nb, "chat"))
         assert answer.startswith("Hello in five words, friend.") and "Known" in answer
         assert fake.requests and fake.requests[0].body["model"] == "test-model"
+
+
+# ---------------------------------------------------------------------- as CI runs notebooks: no Jupyter session
+
+
+def run_cli(args: list[str], cwd: Path, env: dict[str, str]) -> None:
+    """``python -m <tool> …`` as a CI step; its stderr is the failure message."""
+    done = subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-6000:]
+
+
+def test_every_example_runs_under_nbconvert_execute_without_a_jupyter_session(server: ServerProcess) -> None:
+    """``jupyter nbconvert --execute notebooks/*.ipynb`` beside a running server, as a CI job runs the
+    examples: each kernel has no ``JPY_SESSION_NAME``, was not started by the server and finds it through
+    its runtime file. Not knowing their notebook, the kernels of one folder share that folder's session
+    (``GoalsClient.kernel_notebook_path``); 02 still stops at its approval, since it starts a session of its own."""
+    folder = server.root_dir / "ci" / "notebooks"
+    folder.mkdir(parents=True)
+    for notebook in NOTEBOOKS.glob("*.ipynb"):
+        shutil.copy(notebook, folder)
+    out = server.root_dir / "ci" / "executed"
+    run_cli(["nbconvert", "--to", "notebook", "--execute", f"--output-dir={out}", "--ExecutePreprocessor.timeout=300",
+             *sorted(str(p) for p in folder.glob("*.ipynb"))], server.root_dir, ci_env(server, OPENAI_API_KEY=""))
+    executed = {p.name: nbformat.read(p, as_version=4) for p in out.glob("*.ipynb")}
+    assert sorted(executed) == sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
+
+    first = executed["01_first_chat_and_goal.ipynb"]
+    assert "offline demo model" in text(cell_outputs(first, "chat"))
+    assert "state achieved" in text(cell_outputs(first, "wait")) and (folder / "hello.txt").read_text() == "hello\n"
+    nb = executed["02_approvals_and_restart.ipynb"]
+    [goal_ids] = ids(cell_outputs(nb, "goal"), cards.GOAL_MIME)
+    [approval] = ids(cell_outputs(nb, "wait"), cards.APPROVAL_MIME)  # not 01's --bypass session of this folder
+    assert approval["session_id"] == goal_ids["session_id"]
+    assert "Goal achieved" in text(cell_outputs(nb, "approve"))
+    assert "slow command finished" in text(cell_outputs(nb, "after"))
+    assert (folder / "slow-demo.log").read_text().count("\n") == 1
+    # the folder's session is now 02's: a re-run from this folder finds it again
+    assert server.client().notebook_session(f"{folder}/")["session_id"] == goal_ids["session_id"]
+    assert text(cell_outputs(executed["03_background_job.ipynb"], "result")).splitlines()[0] == "done"
+    assert text(cell_outputs(executed["04_usage_and_budget.ipynb"], "budget")).startswith("budget_exhausted")
+    assert text(cell_outputs(executed["05_workflow_api.ipynb"], "async")).count("offline demo model") == 2
+    assert text(cell_outputs(executed["06_real_model.ipynb"], "check")).startswith("Skipped: OPENAI_API_KEY")
+
+
+def test_02_runs_under_papermill_from_the_server_root(server: ServerProcess) -> None:
+    """``papermill notebooks/02_approvals_and_restart.ipynb out.ipynb`` run in the server's root: papermill's
+    kernel works in papermill's own folder (here the root, whose session key is ``./``), not the notebook's."""
+    out = server.root_dir.parent / "papermill-02.ipynb"
+    run_cli(["papermill", "--no-progress-bar", str(NOTEBOOKS / "02_approvals_and_restart.ipynb"), str(out)],
+            server.root_dir, ci_env(server))
+    nb = nbformat.read(out, as_version=4)
+    [goal_ids] = ids(cell_outputs(nb, "goal"), cards.GOAL_MIME)
+    assert "Goal achieved" in text(cell_outputs(nb, "approve"))
+    assert "slow command finished" in text(cell_outputs(nb, "after"))
+    assert (server.root_dir / "slow-demo.log").read_text().count("\n") == 1
+    assert server.client().notebook_session("./")["session_id"] == goal_ids["session_id"]

@@ -1,23 +1,45 @@
 """``GET /api/goals/openapi.json`` (DESIGN §10) describes every route, generated from the pydantic
-models the handlers validate with; schemathesis fuzzes every route of a real server with it."""
+models the handlers validate with; schemathesis fuzzes every route of a real server with it.
+
+Issue 27: a request the document allows is one the server accepts (or answers with a documented 4xx),
+one it refuses is a 400, and ``GET /events`` is described as the never-ending stream it is.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from jsonschema import Draft202012Validator
 
-from jupyter_goals.server.handlers import handlers
+from jupyter_goals.server.handlers import UnknownRouteHandler, handlers
 from jupyter_goals.server.openapi import document
+from tests import restkit
+from tests.restkit import Api, assert_error
 from tests.servers import server_env
+
+# the in-process REST fixtures (tests/restkit.py)
+jp_asyncio_loop = restkit.jp_asyncio_loop
+goals_state_dir = restkit.goals_state_dir
+jp_server_config = restkit.jp_server_config
+api = restkit.api
+raw_url = restkit.raw_url
 
 
 def _route_paths() -> dict[str, type]:
     out = {}
     for pattern, cls in handlers(""):
+        if cls is UnknownRouteHandler:  # the JSON 404 of every path no route matches
+            continue
         path = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", pattern).removeprefix("/api/goals")
         out[path] = cls
     return out
@@ -39,17 +61,195 @@ def test_the_document_lists_every_route_with_the_methods_its_handler_implements(
     assert schema["additionalProperties"] is False and "client_request_id" in schema["required"]
 
 
+def _allows(doc: dict[str, Any], schema: dict[str, Any], value: Any) -> bool:
+    return bool(Draft202012Validator({**schema, "components": doc["components"]}).is_valid(value))
+
+
+def _query_allowed(doc: dict[str, Any], method: str, path: str, params: dict[str, Any]) -> bool:
+    """Whether the document's query parameters allow ``params`` (strings, a list for a repeated one),
+    read as a server reads a query: an integer parameter's text as the integer."""
+    declared = {p["name"]: p for p in doc["paths"][path][method]["parameters"] if p["in"] == "query"}
+    for name, p in declared.items():
+        raw = params.get(name)
+        if raw is None:
+            if p["required"]:
+                return False
+            continue
+        values = raw if isinstance(raw, list) else [raw]
+        if p["schema"].get("type") != "array" and len(values) != 1:
+            return False
+        read = [int(v) if re.fullmatch(r"-?[0-9]+", v) else v for v in values]
+        if not any(_allows(doc, p["schema"], v) for v in ((values, read) if p["schema"].get("type") == "array"
+                                                         else (values[0], read[0]))):
+            return False
+    return True
+
+
+async def test_a_query_the_document_allows_is_answered_and_one_it_refuses_is_a_400(api: Api) -> None:
+    """Issue 27 item 2: the document was looser than the validation (`GET /approvals?state=x`,
+    `GET /sessions/{id}?before=soon` were allowed and refused) and the server took what it did not
+    describe (a negative `limit`, a repeated argument, an empty `state` or `session_id`)."""
+    doc = await api.ok("GET", "openapi.json")
+    sid = await api.new_session(title="first")
+    await api.new_session(title="second")
+    cursor = (await api.ok("GET", "sessions", params={"limit": 1}))["next_cursor"]
+    cases: list[tuple[str, dict[str, Any], int]] = [
+        ("/approvals", {"state": "pending"}, 200), ("/approvals", {"state": "whatever"}, 400),
+        ("/sessions/{session_id}", {"before": "latest", "limit": "3"}, 200),
+        ("/sessions/{session_id}", {"after": "0", "limit": "100000"}, 200),  # a page holds 5000 at most
+        ("/sessions/{session_id}", {"before": "soon"}, 400), ("/sessions/{session_id}", {"limit": "-5"}, 400),
+        ("/sessions/{session_id}", {"limit": "0"}, 400), ("/sessions/{session_id}", {"after": "-1"}, 400),
+        ("/sessions/{session_id}", {"limit": ["1", "2"]}, 400),
+        ("/sessions", {"state": ["idle", "queued"]}, 200), ("/sessions", {"state": ""}, 400),
+        ("/sessions", {"cursor": cursor, "limit": "1"}, 200), ("/sessions", {"cursor": "not-a-cursor"}, 400),
+        ("/sessions", {"cursor": ""}, 400),
+        ("/events", {"format": "json", "limit": "1"}, 200), ("/events", {"format": "json", "limit": "0"}, 400),
+        ("/events", {"format": "xml"}, 400),  # was the stream
+        ("/usage", {"session_id": sid}, 200), ("/usage", {"session_id": ""}, 400),
+        ("/goals", {"session_id": sid}, 200), ("/goals", {"session_id": ""}, 400),
+    ]
+    for path, params, status in cases:
+        pairs = [(k, v) for k, raw in params.items() for v in (raw if isinstance(raw, list) else [raw])]
+        r = await api.fetch("api", "goals", *path.replace("{session_id}", sid).strip("/").split("/"),
+                            params=pairs, raise_error=False, request_timeout=10)
+        answer = json.loads(r.body)
+        assert r.code == status, (path, params, r.code, answer)
+        if status == 400:
+            assert_error(answer, "bad_request")
+        allowed = _query_allowed(doc, "get", path, params)
+        assert allowed == (status != 400), (path, params, "the document", "allows" if allowed else "refuses")
+
+
+async def test_a_body_the_document_allows_is_answered_and_one_it_refuses_is_a_400(api: Api) -> None:
+    """The rules between fields (`cancel_tool` needs a non-empty `effect_id`, a `command` requirement a
+    command), a session's `model` (a listed name or provider:model) and a notebook `path` are in the
+    served document; a session without work refuses an action with 409 (it was 404: the session exists)."""
+    doc = await api.ok("GET", "openapi.json")
+    busy, idle, goal_a, goal_b = [await api.new_session(title=t) for t in ("busy", "idle", "goal a", "goal b")]
+    await api.send(busy, "work on it", "r1")
+    cases: list[tuple[str, str, str, dict[str, Any], int]] = [
+        ("post", "/sessions/{session_id}/actions", busy, {"action": "cancel_tool", "effect_id": ""}, 400),
+        ("post", "/sessions/{session_id}/actions", busy, {"action": "pause", "effect_id": "eff_0"}, 400),
+        ("post", "/sessions/{session_id}/actions", busy, {"action": "cancel_tool", "effect_id": "eff_0"}, 404),
+        ("post", "/sessions/{session_id}/actions", idle, {"action": "pause"}, 409),
+        ("post", "/goals", "", {"session_id": goal_a, "objective": "o",
+                                "requirements": [{"text": "t", "kind": "command"}]}, 400),
+        ("post", "/goals", "", {"session_id": goal_a, "objective": "o",
+                                "requirements": [{"text": "t", "kind": "file_digest", "path": "a"}]}, 400),
+        ("post", "/goals", "", {"session_id": goal_b, "objective": "o",
+                                "requirements": [{"text": "t", "kind": "command", "command": "true"}]}, 201),
+        ("post", "/sessions", "", {"model": "no-such-model"}, 400),
+        ("post", "/sessions", "", {"model": "openai:gpt-4o-mini"}, 201),
+        ("post", "/sessions", "", {"model": ""}, 201),  # the default
+        ("put", "/notebook-session", "", {"path": "\t"}, 400), ("put", "/notebook-session", "", {"path": "../x.ipynb"}, 400),
+        ("put", "/notebook-session", "", {"path": "work/a.ipynb"}, 201),
+    ]
+    for method, path, sid, body, status in cases:
+        code, answer = await api.call(method.upper(), path.replace("{session_id}", sid).strip("/"), body)
+        assert code == status, (path, body, code, answer)
+        if status >= 400:
+            assert_error(answer)
+        ref = doc["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]
+        allowed = _allows(doc, ref, body)
+        assert allowed == (status != 400), (path, body, "the document", "allows" if allowed else "refuses")
+
+
+async def test_a_path_no_route_has_is_a_json_404_and_a_method_it_lacks_a_405_naming_those_it_has(api: Api) -> None:
+    """Jupyter's own 404 is an HTML page (an id with a character no id has reached it); RFC 9110 wants
+    a 405 to carry ``Allow``."""
+    for method, path in (("GET", "sessions/not.an.id"), ("POST", "approvals/.exe"), ("GET", "sessions/ses_0/nothing")):
+        code, answer = await api.call(method, path, {} if method != "GET" else None)
+        assert code == 404, (method, path, code, answer)
+        assert_error(answer, "not_found")
+    r = await api.fetch("api", "goals", "sessions", method="DELETE", raise_error=False)
+    assert r.code == 405 and r.headers["Allow"] == "GET, POST, OPTIONS", (r.code, dict(r.headers))
+    assert_error(json.loads(r.body))
+
+
+async def test_the_event_stream_is_documented_as_one_and_its_headers_come_before_any_event(
+    api: Api, raw_url: Any, jp_auth_header: dict[str, str]
+) -> None:
+    """A generated client or a fuzzer learns from the document that `GET /events` answers a
+    `text/event-stream` that never ends (one event per `schema`, OpenAPI 3.1's reading), and from the
+    server at once that it got one: the status and headers come before the first event (they waited
+    for an event or the 15 s keep-alive, so a client waited on a stream with nothing new until its timeout)."""
+    doc = await api.ok("GET", "openapi.json")
+    op = doc["paths"]["/events"]["get"]
+    content = op["responses"]["200"]["content"]
+    assert op["x-stream"]["ends"] is False and "never ends" in op["description"]
+    event = content["text/event-stream"]["schema"]
+    assert event["properties"]["data"]["contentMediaType"] == "application/json"
+    assert _allows(doc, event, {"id": "7", "event": "session.created", "data": "{}"})
+    assert _allows(doc, content["application/json"]["schema"], await api.events())
+    started = time.monotonic()
+    async with httpx.AsyncClient(headers=jp_auth_header, timeout=5) as client:
+        async with client.stream("GET", raw_url(f"events?after={2**62}")) as resp:  # nothing after it, ever
+            assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+            assert time.monotonic() - started < 5
+            with pytest.raises(asyncio.TimeoutError):  # and it stays open: a stream, not a page
+                await asyncio.wait_for(resp.aiter_bytes().__anext__(), 0.5)
+
+
+# the run's settings beside its command line: a stream read for 2 s (then cut short, as schemathesis
+# does with a stream that never ends), and no "created resource not found" for `POST
+# /sessions/{id}/actions`, whose 404 names the unknown call of the body, not the session just created
+FUZZ_CONFIG = """
+[[operations]]
+include-path = "/events"
+include-method = "GET"
+request-timeout = 2
+
+[[operations]]
+include-path = "/sessions/{session_id}/actions"
+include-method = "POST"
+checks.ensure_resource_availability.enabled = false
+"""
+
+
+def _schemathesis(server: Any, tmp_path: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """schemathesis 4 against the served document, with tests/schemathesis_hooks.py and FUZZ_CONFIG;
+    its files (report, hypothesis database) stay in ``tmp_path``."""
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(FUZZ_CONFIG)
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
+    cmd = [str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(config), "run",
+           f"{server.url}api/goals/openapi.json", "--url", f"{server.url}api/goals",
+           "-H", f"Authorization: token {server.token}", "--request-timeout", "30", "--workers", "1",
+           "--no-color", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env)
+
+
 @pytest.mark.slow
 def test_schemathesis_finds_no_server_error_and_every_error_is_the_documented_json(tmp_path: Path) -> None:
     """Every operation, generated and mutated inputs (bad types, unknown fields, missing fields, odd
-    strings): never a 5xx, and every answer matches its documented schema (errors: {"error","message"})."""
+    strings, boundaries, undeclared methods): never a 5xx, every answer as documented (errors:
+    {"error","message"}), every schema-valid request accepted and every schema-violating one refused.
+    Every check but one: without credentials Jupyter answers 403, where the check wants 401 (both are
+    documented; the answer is jupyter_server's, for every route it serves)."""
     with server_env(tmp_path, [], base_env=None) as env:
         server = env["make"]().start()
         served = server.client().http.get("/openapi.json")
         assert served.status_code == 200 and served.json()["servers"] == [{"url": "/api/goals"}]
-        cmd = [str(Path(sys.executable).parent / "schemathesis"), "run", f"{server.url}api/goals/openapi.json",
-               "--url", f"{server.url}api/goals", "-H", f"Authorization: token {server.token}",
-               "-c", "not_a_server_error,response_schema_conformance", "-n", "10", "--generation-deterministic",
-               "--phases", "examples,coverage,fuzzing", "--request-timeout", "30"]
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+        result = _schemathesis(server, tmp_path, "--exclude-checks", "missing_required_header", "-n", "10",
+                               "--generation-deterministic", "--phases", "examples,coverage,fuzzing", timeout=900)
         assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:] + server.log()[-3000:]
+
+
+FUZZ_SECONDS = 100  # the stateful run's budget (CI time): it stops there, wherever it got
+
+
+@pytest.mark.slow
+def test_a_stateful_fuzzing_run_finds_no_server_error_and_no_schema_mismatch(tmp_path: Path) -> None:
+    """Issue 27: schemathesis chains the operations (a created session's id into its messages,
+    actions, Goals, Jobs, usage…) with generated and mutated inputs, every check on: no 5xx, every
+    status and answer documented, every schema-valid request accepted (2xx, or 404 / 409 for an
+    unknown id or a state that refuses it), every schema-violating one refused. A fixed seed, and a time
+    budget rather than a count: a correct server passes however far a slow machine gets."""
+    with server_env(tmp_path, [], base_env=None) as env:
+        server = env["make"]().start()
+        result = _schemathesis(server, tmp_path, "--phases", "stateful", "--max-time", str(FUZZ_SECONDS),
+                               "--seed", "27", "--generation-database", "none", timeout=FUZZ_SECONDS + 100)
+        out = result.stdout + result.stderr
+        assert result.returncode == 0, out[-10000:] + server.log()[-3000:]
+        assert "Stateful" in out and "No issues found" in out, out[-3000:]

@@ -90,6 +90,6 @@ def test_path_rule_needs_a_path_argument_and_the_same_tool(tmp_path: Path) -> No
 
 def test_permissions_model_keeps_names_and_accepts_path_rules() -> None:
     perms = Permissions.model_validate({"mode": "ask", "allow": ["shell", {"tool": "write_file", "path": "n/*.md"}]})
-    assert perms.model_dump() == {"mode": "ask", "allow": ["shell", {"tool": "write_file", "path": "n/*.md"}], "env_allow": []}
+    assert perms.model_dump() == {"mode": "ask", "allow": ["shell", {"tool": "write_file", "path": "n/*.md"}], "folders": [], "env_allow": []}
     with pytest.raises(ValueError):
         Permissions.model_validate({"allow": [{"tool": "write_file", "path": "x", "mode": "rw"}]})

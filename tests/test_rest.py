@@ -54,7 +54,7 @@ async def test_created_session_is_listed_and_has_a_snapshot(api: Api, goals_stat
     sid = created["session_id"]
     assert created["session"]["session_id"] == sid
     assert created["session"]["title"] == "Analysis"
-    assert created["session"]["permissions"] == {"mode": "bypass", "allow": [], "env_allow": []}
+    assert created["session"]["permissions"] == {"mode": "bypass", "allow": [], "folders": [], "env_allow": []}
 
     listed = await api.ok("GET", "sessions")
     assert [s["session_id"] for s in listed["sessions"]] == [sid]
@@ -65,7 +65,18 @@ async def test_created_session_is_listed_and_has_a_snapshot(api: Api, goals_stat
     assert snap["work"] is None
     assert set(snap["transcript"]) >= {"items", "next_cursor"}
     assert snap["event_seq"] >= 1
-    assert {"can_pause", "can_resume", "can_end", "can_retry", "can_verify", "reason_code"} <= set(snap["actions"])
+    assert {"can_pause", "can_resume", "can_stop", "can_end", "can_retry", "can_verify", "reason_code"} <= set(snap["actions"])
+
+
+def test_a_sessions_stop_is_offered_as_can_stop_and_can_end_stays_its_older_equal() -> None:
+    """One name per action: a session's ``stop`` is ``can_stop`` (the button "Stop"); ``can_end`` is kept
+    equal to it for older clients. Computed on the server for every phase."""
+    from jupyter_goals.server.service import actions_for
+
+    for phase in ("queued", "working", "waiting", "recovering", "failed", "paused", "interrupted", "done", "cancelled"):
+        for desired in ("run", "paused", "cancelled", "done"):
+            actions = actions_for({"phase": phase, "desired_state": desired, "reason_code": ""})
+            assert actions.can_stop == actions.can_end == (phase not in ("done", "cancelled")), (phase, desired)
 
 
 async def test_a_session_without_a_folder_runs_in_the_server_root_and_a_relative_one_below_it(

@@ -6,6 +6,14 @@ its server starts); jupyter_server's runtime files (``jpserver-*.json``) of a ru
 to this kernel (its parent process ``JPY_PARENT_PID``, else the server whose root holds the notebook
 ``JPY_SESSION_NAME`` or the working directory, else the only one running); otherwise
 ``ServerNotFound`` naming everything tried. There is no default URL.
+
+Which notebook (``GoalsClient.kernel_notebook_path``: the key of this kernel's session, kept by the
+server), first match wins: the ``notebook`` argument; the kernel's path in the server's own sessions
+(which follow renames); ``JPY_SESSION_NAME`` (Jupyter sets it for the kernels it starts); VS Code's
+``__vsc_ipynb_file__``; ``JUPYTER_GOALS_NOTEBOOK``; else, in a kernel that cannot know its notebook
+(``jupyter nbconvert --execute``, papermill, nbclient), its working directory with a trailing ``/``:
+every such kernel working in one folder shares that folder's session, run after run. None outside a
+kernel (a script, a terminal IPython).
 """
 
 from __future__ import annotations
@@ -36,6 +44,17 @@ def _check(r: httpx.Response) -> Any:
             body = {"error": "http_error", "message": r.text[:200]}
         raise GoalsError(r.status_code, body.get("error", "http_error"), body.get("message", ""))
     return r.json()
+
+
+NO_NOTEBOOK = (
+    "notebook_session() needs the notebook's path (relative to the server root, or absolute inside it) and got "
+    "none: outside a Jupyter kernel (a script, a terminal) kernel_notebook_path() has no notebook to name. Pass "
+    "the path, create the client as GoalsClient(notebook='folder/name.ipynb') or set JUPYTER_GOALS_NOTEBOOK to "
+    "it, or use create_session() for a session of your own.")
+OUTSIDE_ROOT = (
+    "A kernel that cannot know its notebook (nbconvert --execute, papermill, nbclient) uses the session of its "
+    "working directory, which must be inside the server root: run it in a folder under the root, or name the "
+    "notebook with GoalsClient(notebook='folder/name.ipynb') or JUPYTER_GOALS_NOTEBOOK.")
 
 
 class ServerNotFound(RuntimeError):
@@ -152,7 +171,8 @@ class GoalsClient:
     """``retry_s``: how long a request waits for a server that is restarting or still starting."""
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0,
-                 retry_s: float = 10.0) -> None:
+                 retry_s: float = 10.0, notebook: str | None = None) -> None:
+        self.notebook = notebook  # the notebook this client speaks for, when its kernel cannot know it
         self.address = find_server(url, token)
         self.base_url = self.address.url
         headers = {"Authorization": f"token {self.address.token}"} if self.address.token else {}
@@ -162,20 +182,33 @@ class GoalsClient:
     def close(self) -> None:
         self.http.close()
 
-    def notebook_session(self, path: str, session_id: str | None = None, **create: Any) -> dict[str, Any]:
+    def notebook_session(self, path: str | None, session_id: str | None = None, **create: Any) -> dict[str, Any]:
         """The durable session of the notebook at ``path`` (an API path, or the absolute path a kernel
         gets in ``JPY_SESSION_NAME``), created on first use with ``create`` (``title``, ``model``,
-        ``permissions``); ``session_id`` rebinds the notebook to that session.
+        ``permissions``); ``session_id`` rebinds the notebook to that session. A path ending in ``/``
+        names a folder: the session of the kernels that work there without knowing their notebook
+        (``kernel_notebook_path``). No path (None, blank) is refused here with what to do: ValueError.
         → ``{session_id, path, created_at, updated_at}``."""
+        if path is None or not path.strip():
+            raise ValueError(NO_NOTEBOOK)
         body: dict[str, Any] = {"path": path, **create}
         if session_id is not None:
             body["session_id"] = session_id
-        return dict(_check(self.http.put("/notebook-session", json=body)))
+        try:
+            return dict(_check(self.http.put("/notebook-session", json=body)))
+        except GoalsError as exc:
+            if exc.status != 400 or not path.endswith(("/", os.sep)):
+                raise
+            raise GoalsError(exc.status, exc.error, f"{exc.message}. {OUTSIDE_ROOT}") from None
 
     def kernel_notebook_path(self) -> str | None:
-        """The notebook this kernel runs for: its current path in the server's own sessions (which
-        follow renames), else ``JPY_SESSION_NAME``; None outside a notebook kernel."""
-        kernel_id = _kernel_id()
+        """The key of this kernel's notebook session (the module docstring gives the order): the
+        notebook's path when the kernel can know it or is told it, else its working directory ending
+        in ``/``; None outside a kernel. Stable across kernel restarts and re-runs."""
+        if self.notebook:
+            return self.notebook
+        connection_file = _connection_file()
+        kernel_id = _kernel_id(connection_file)
         if kernel_id:
             try:
                 r = self.http.get(self.base_url + "api/sessions")
@@ -184,7 +217,10 @@ class GoalsClient:
                         return str(session["path"])
             except (httpx.HTTPError, ValueError, AttributeError):
                 pass
-        return os.environ.get("JPY_SESSION_NAME") or None
+        told = os.environ.get("JPY_SESSION_NAME") or _vscode_notebook() or os.environ.get("JUPYTER_GOALS_NOTEBOOK")
+        if told:
+            return told
+        return os.path.join(os.getcwd(), "") if connection_file else None
 
     def health(self) -> dict[str, Any]:
         return dict(_check(self.http.get("/health")))
@@ -349,8 +385,8 @@ class AsyncGoalsClient:
     """
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0,
-                 retry_s: float = 10.0) -> None:
-        self.sync = GoalsClient(url, token, timeout, retry_s)
+                 retry_s: float = 10.0, notebook: str | None = None) -> None:
+        self.sync = GoalsClient(url, token, timeout, retry_s, notebook)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.sync.close)
@@ -373,14 +409,30 @@ class AsyncGoalsClient:
         return call
 
 
-def _kernel_id() -> str | None:
-    """This kernel's id, from its connection file name (``kernel-<id>.json``); None outside ipykernel."""
+def _connection_file() -> str | None:
+    """This kernel's connection file; None outside an ipykernel (a script, a terminal IPython)."""
     try:
         from ipykernel.connect import get_connection_file
 
-        name = os.path.basename(get_connection_file())
+        return str(get_connection_file())
     except Exception:  # not running inside an ipykernel
         return None
+
+
+def _kernel_id(connection_file: str | None) -> str | None:
+    """A kernel's id, from its connection file name (``kernel-<id>.json``)."""
+    name = os.path.basename(connection_file or "")
     if name.startswith("kernel-") and name.endswith(".json"):
         return name[len("kernel-"):-len(".json")]
     return None
+
+
+def _vscode_notebook() -> str | None:
+    """The notebook VS Code runs this kernel for (it sets ``__vsc_ipynb_file__``, not ``JPY_SESSION_NAME``)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    value = shell.user_ns.get("__vsc_ipynb_file__") if shell is not None else None
+    return str(value) if value else None

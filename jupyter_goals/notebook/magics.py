@@ -14,7 +14,11 @@
 
 A notebook's session is kept by the server, looked up by the notebook's path (``PUT /notebook-session``;
 the kernel reads the path from the server's sessions, else ``JPY_SESSION_NAME``), so a restarted
-kernel finds the same chat and Goal. Options before the objective: ``--session=<id>`` (bind this
+kernel finds the same chat and Goal. A kernel that cannot know its notebook (``jupyter nbconvert
+--execute``, papermill, nbclient) uses the notebook named by ``JUPYTER_GOALS_NOTEBOOK``, else the session
+of its working directory, shared by every such kernel in that folder, run after run
+(``GoalsClient.kernel_notebook_path``); a terminal IPython, or a kernel working outside the server
+root, keeps a session of its own. Options before the objective: ``--session=<id>`` (bind this
 notebook to that session), ``--new`` (a new session for this notebook), ``--bypass`` (a new session
 whose tool calls need no approval), ``--model=<model>``.
 
@@ -162,14 +166,14 @@ class GoalMagics(Magics):
 
     # ------------------------------------------------------------------ the notebook's session
     def _session(self, options: dict[str, str] | None = None, title: str = "") -> str:
-        """This notebook's session: bound by path on the server (a plain IPython gets one per kernel)."""
+        """This notebook's session: bound on the server to this kernel's key (the notebook's path, else its
+        folder); a terminal IPython, or a kernel outside the server root, gets one of its own."""
         options = options or {}
         if self.notebook_path is None:
-            self.notebook_path = self.client.kernel_notebook_path()
+            self.notebook_path = self.client.kernel_notebook_path() or ""
         if options.get("session"):
             self.session_id, self.goal_id = options["session"], None
-            if self.notebook_path:
-                self.client.notebook_session(self.notebook_path, session_id=self.session_id)
+            self._bound(self.session_id)
             return self.session_id
         create: dict[str, Any] = {}
         if "bypass" in options:
@@ -180,15 +184,25 @@ class GoalMagics(Magics):
             # the agent works where this kernel runs: the notebook's folder for a kernel of Jupyter's
             sid = self.client.create_session(title=title or "notebook", cwd=os.getcwd(), **create)["session_id"]
             self.session_id, self.goal_id = sid, None
-            if self.notebook_path:
-                self.client.notebook_session(self.notebook_path, session_id=sid)
+            self._bound(sid)
             return sid
         if self.session_id is None:
-            if self.notebook_path:
-                self.session_id = self.client.notebook_session(self.notebook_path)["session_id"]
-            else:
-                self.session_id = self.client.create_session(title=title or "IPython", cwd=os.getcwd())["session_id"]
+            self.session_id = self._bound() or self.client.create_session(
+                title=title or "IPython", cwd=os.getcwd())["session_id"]
         return self.session_id
+
+    def _bound(self, session_id: str | None = None) -> str | None:
+        """The session bound to this kernel's key (``session_id`` is bound there first); None when there is
+        no key the server takes: none at all, or a working directory outside its root (then forgotten)."""
+        if not self.notebook_path:
+            return None
+        try:
+            return str(self.client.notebook_session(self.notebook_path, session_id=session_id)["session_id"])
+        except GoalsError as exc:
+            if exc.status != 400 or not self.notebook_path.endswith(("/", os.sep)):
+                raise
+            self.notebook_path = ""  # a folder outside the server root has no session: keep one of our own
+            return None
 
     # ------------------------------------------------------------------ commands
     def _start(self, objective: str, requirements: list[dict[str, Any]] | None, options: dict[str, str]) -> None:

@@ -96,6 +96,8 @@ def scope_lost(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
         else:
             allowed = current.get("allow") or []
             lost += [f"the allow rule {json.dumps(r, sort_keys=True)}" for r in saved.get("allow") or [] if r not in allowed]
+            folders = current.get("folders") or []
+            lost += [f"reads in the folder {f}" for f in saved.get("folders") or [] if f not in folders]
     env = current.get("env_allow") or []
     lost += [f"the environment variable {n}" for n in saved.get("env_allow") or [] if n not in env]
     return lost

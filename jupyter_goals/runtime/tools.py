@@ -31,6 +31,7 @@ from jupyter_goals.goals.tools import StateImpl
 from jupyter_goals.identity import boot_id, process_start_time
 from jupyter_goals.models import Capability
 from jupyter_goals.runtime import subtasks
+from jupyter_goals.runtime.permissions import READ_ARGUMENTS, ReadFence
 from jupyter_goals.secrecy import tool_environment
 
 
@@ -41,6 +42,8 @@ class ToolContext:
     effect_id: str
     # what a tool process may see beyond the base allow-list (the server's and the session's names or globs)
     env_allow: tuple[str, ...] = ()
+    # ask mode: where a built-in read's walk may look (permissions.ReadFence); None: anywhere (bypass)
+    fence: ReadFence | None = None
 
     @functools.cached_property
     def env(self) -> dict[str, str]:
@@ -120,10 +123,20 @@ async def list_dir(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     return ToolResult("\n".join(names))
 
 
+def _skipped(n: int, what: str) -> str:
+    return (f"\n[{n} {what} skipped: outside the folders this chat may read, or where credentials are kept; "
+            "name one as the path to ask for it]") if n else ""
+
+
 async def glob(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     pattern = str(args.get("pattern", "*"))
     found = sorted(globlib.glob(pattern, root_dir=ctx.cwd, recursive=True))
-    return ToolResult(clip("\n".join(found)))
+    fence = ctx.fence
+    if fence is None:
+        return ToolResult(clip("\n".join(found)))
+    # a match names what its directory holds: listed only where a walk may look (not through a symlink out)
+    shown = [m for m in found if fence.may_list(os.path.dirname(os.path.join(ctx.cwd, m)))]
+    return ToolResult(clip("\n".join(shown) + _skipped(len(found) - len(shown), "matches")))
 
 
 async def grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
@@ -133,12 +146,17 @@ async def grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         return ToolResult(f"error: bad pattern: {exc}", ok=False)
     include = str(args.get("include", "*"))
 
-    def scan() -> list[str]:
+    def scan() -> tuple[list[str], int]:
         out: list[str] = []
+        skipped = 0
         root = _path(ctx, str(args.get("path", ".")))
         files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
         for p in sorted(files):
             if not fnmatch.fnmatch(p.name, include):
+                continue
+            # the root itself was checked (or approved) by its path; the files a walk finds are fenced
+            if ctx.fence is not None and p != root and not ctx.fence.may_read(str(p)):
+                skipped += 1
                 continue
             try:
                 for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
@@ -146,9 +164,10 @@ async def grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
                         out.append(f"{p}:{n}:{line}")
             except OSError:
                 continue
-        return out
+        return out, skipped
 
-    return ToolResult(clip("\n".join(await asyncio.to_thread(scan))))
+    out, skipped = await asyncio.to_thread(scan)
+    return ToolResult(clip("\n".join(out) + _skipped(skipped, "files")))
 
 
 async def file_digest(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
@@ -279,6 +298,18 @@ BUILTINS.append(ToolSpec("spawn_subtask", Capability.STATE_TOOL, in_transaction_
 @functools.cache
 def _builtin_probes() -> frozenset[tuple[str, str]]:
     return frozenset((t.identity, t.digest) for t in BUILTINS if t.capability in (Capability.READ_ONLY, Capability.STATE_PROBE))
+
+
+@functools.cache
+def _builtin_readers() -> dict[tuple[str, str], str]:
+    return {(t.identity, t.digest): t.name for t in BUILTINS if t.name in READ_ARGUMENTS}
+
+
+def path_reader(identity: str, digest: str) -> str | None:
+    """The built-in read (``read_file``, ``grep``, ``glob``, ``list_dir``) that the implementation identity
+    and source digest saved on an effect run, whatever the call's tool is named: its path is checked
+    against the chat's folders (permissions.py rule 2). None for every other implementation."""
+    return _builtin_readers().get((identity, digest))
 
 
 @functools.cache

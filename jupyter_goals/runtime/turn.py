@@ -44,13 +44,15 @@ from jupyter_goals.prices import PriceTable
 from jupyter_goals.providers.catalog import named_from_env
 from jupyter_goals.recovery.repair import IncrementalHistory
 from jupyter_goals.runtime.drafts import DraftStream
-from jupyter_goals.runtime.permissions import CallFacts, check_call
+from jupyter_goals.runtime.permissions import CallFacts, ReadFence, check_call, read_fence, secret_places
 from jupyter_goals.runtime.steps import StepDecision, StepFacts, next_step
 from jupyter_goals.runtime.subtasks import CREATES_WORK
 from jupyter_goals.runtime.tools import (
     ToolContext,
     ToolRegistry,
     ToolResult,
+    ToolSpec,
+    path_reader,
     trusted_probe,
     trusted_state_tool,
 )
@@ -269,25 +271,26 @@ class TurnRunner:
         """Run, wait for an approval, or reject: ``check_call`` decides from the effect's saved
         capability and implementation identity, the work item's permission scope and its unknown-effect
         set (scoped to this work item). An approval is used only if it is bound to this call, its
-        arguments and the current unknown-effect set; a changed set needs a fresh approval.
+        arguments and the current unknown-effect set; a changed set needs a fresh approval. A built-in
+        read outside the chat's folders (or where credentials are kept) asks in ask mode, even in a
+        restricted turn, with a reason that names the resolved path.
         """
         spec = self.registry.get(eff["tool"])
         if spec is None:
             return Step(StepKind.DISPATCH, effect=eff)  # fails as unknown tool, recorded as a result
-        facts = CallFacts(
-            tool=eff["tool"],
-            arguments=eff["arguments"],
-            capability=Capability(eff["capability"]),
-            trusted_probe=spec.identity == eff["impl_identity"] and trusted_probe(eff["impl_identity"], eff["impl_digest"]),
-        )
-        if facts.trusted_probe:
-            return Step(StepKind.DISPATCH, effect=eff)  # built-in reads and probes run whatever else is known
+        facts = self._call_facts(spec, eff)
+        scope = json.loads(work["permission_scope"])
+        secret = self._secret_for(facts, scope)
+        if facts.trusted_probe and check_call(facts, scope, self.cwd, (), secret).run:
+            # built-in probes, and reads where the chat may read, run whatever else is known
+            return Step(StepKind.DISPATCH, effect=eff)
         try:
             unknown = c.unknown_effect_set(tx, work["work_id"])
         except Exception as exc:  # the recovery state cannot be read: reject the call, never dispatch it
             self._reject_unreadable(tx, work, eff, exc)
             return Step(StepKind.STOP)
-        verdict = check_call(facts, json.loads(work["permission_scope"]), self.cwd, unknown)
+        # the reason names a read's resolved path; the approval binds the call and the unknown-effect set
+        verdict = check_call(facts, scope, self.cwd, unknown, secret)
         if verdict.run:
             return Step(StepKind.DISPATCH, effect=eff)
         unknown_digest = c.unknown_set_digest(unknown)
@@ -308,6 +311,24 @@ class TurnRunner:
         c.request_approval(tx, work, eff, unknown, verdict.reason)
         self._wait_for_approval(tx, work)
         return Step(StepKind.APPROVAL)
+
+    @functools.cached_property
+    def secret_places(self) -> tuple[str, ...]:
+        """Where credentials live (permissions.py rule 2): a built-in read there asks in ask mode. Looked
+        up at the first check of a read (a few hundred µs of path lookups), not for every attempt."""
+        return secret_places(self.state_dir)
+
+    def _secret_for(self, facts: CallFacts, scope: dict[str, Any]) -> tuple[str, ...]:
+        """The places holding credentials when rule 2 can use them: a built-in read in ask mode."""
+        return self.secret_places if facts.reader is not None and scope.get("mode") != "bypass" else ()
+
+    @staticmethod
+    def _call_facts(spec: ToolSpec, eff: Row) -> CallFacts:
+        """What ``check_call`` knows of a planned call: its saved capability and implementation identity
+        (a built-in read by identity is ``reader``, whatever the call's tool is named)."""
+        probe = spec.identity == eff["impl_identity"] and trusted_probe(eff["impl_identity"], eff["impl_digest"])
+        return CallFacts(tool=eff["tool"], arguments=eff["arguments"], capability=Capability(eff["capability"]),
+                         trusted_probe=probe, reader=path_reader(eff["impl_identity"], eff["impl_digest"]) if probe else None)
 
     def _reject_unreadable(self, tx: Tx, work: Row, eff: Row, exc: Exception) -> None:
         log.error("attempt %s: unknown-effect records unreadable; rejecting %s: %s", self.aid, eff["call_id"], exc)
@@ -342,9 +363,18 @@ class TurnRunner:
         crash_point("child.after_delivery")
 
     # ------------------------------------------------------------------ tools
-    def _tool_context(self, eff: Row, env_allow: Sequence[str] = ()) -> ToolContext:
+    def _tool_context(self, eff: Row, env_allow: Sequence[str] = (), scope: str | None = None) -> ToolContext:
         return ToolContext(cwd=self.cwd, effects_root=self.effects_root, effect_id=eff["effect_id"],
-                           env_allow=(*self.tool_env_allow, *env_allow))
+                           env_allow=(*self.tool_env_allow, *env_allow), fence=self._fence(eff, scope))
+
+    def _fence(self, eff: Row, scope: str | None) -> ReadFence | None:
+        """A built-in read's walk stays where the check let it read (ask mode: the scope read with the dispatch)."""
+        spec = self.registry.get(eff["tool"])
+        facts = self._call_facts(spec, eff) if spec is not None else None
+        if facts is None or facts.reader is None or scope is None:
+            return None
+        permissions = json.loads(scope)
+        return read_fence(facts, permissions, self.cwd, self._secret_for(facts, permissions))
 
     def _runnable(self, work: Row) -> bool:
         """The work still wants to run at the control version this attempt was admitted under."""
@@ -375,7 +405,7 @@ class TurnRunner:
 
             return await self.db.run(state_tool)
 
-        def dispatched(tx: Tx) -> tuple[str, ...] | None:
+        def dispatched(tx: Tx) -> str | None:
             run = c.fence_with_run_state(tx, self.aid, self.gen)
             if not self._runnable(run):
                 self._yield_to_control(tx, c.get_work(tx, eff["work_id"]))
@@ -383,13 +413,13 @@ class TurnRunner:
             c.mark_dispatched(tx, eff, self.aid, approval)
             c.emit(tx, "effect.state", {"call_id": eff["call_id"], "tool": eff["tool"], "state": "dispatched"},
                    session_id=eff["session_id"], work_id=eff["work_id"])
-            return _env_allow(run["permission_scope"])
+            return str(run["permission_scope"] or "{}")
 
         # the session's own env_allow is read with the dispatch, so a permission change applies to the next call
-        env_allow = await self.db.run(dispatched)
-        if env_allow is None:
+        scope = await self.db.run(dispatched)
+        if scope is None:
             return False
-        ctx = self._tool_context(eff, env_allow)
+        ctx = self._tool_context(eff, _env_allow(scope), scope)
         if spec is None:
             result = ToolResult(f"error: unknown tool {eff['tool']!r}", ok=False)
         elif eff["tool"] == "shell":
@@ -498,9 +528,21 @@ class TurnRunner:
                       if spec.capability in (Capability.READ_ONLY, Capability.STATE_PROBE)
                       and trusted_probe(spec.identity, spec.digest)}
 
+        scopes: list[dict[str, Any]] = []
+
         async def run_read_tool(name: str, args: dict[str, Any]) -> str:
-            ctx = ToolContext(cwd=self.cwd, effects_root=self.effects_root, effect_id="acceptance")
-            return self.redactor((await read_tools[name].impl(ctx, args)).content)
+            spec = read_tools[name]
+            if not scopes:  # the review cannot ask: a read the work's scope would ask for is refused
+                row = await self.db.run(lambda tx: c.get_work(tx, self.attempt["work_id"]), write=False)
+                scopes.append(json.loads(row["permission_scope"] or "{}"))
+            facts = CallFacts(tool=name, arguments=args, capability=spec.capability, trusted_probe=True,
+                              reader=path_reader(spec.identity, spec.digest))
+            verdict = check_call(facts, scopes[0], self.cwd, (), self._secret_for(facts, scopes[0]))
+            if not verdict.run:
+                return f"error: not read: {verdict.reason} The acceptance review cannot ask for approvals."
+            ctx = ToolContext(cwd=self.cwd, effects_root=self.effects_root, effect_id="acceptance",
+                              fence=read_fence(facts, scopes[0], self.cwd, self._secret_for(facts, scopes[0])))
+            return self.redactor((await spec.impl(ctx, args)).content)
 
         ctx = goal_acceptance.StepContext(self.db, self.attempt, self.gen, self.cwd, self.default_model,
                                      [s.schema() for s in read_tools.values()], run_read_tool, self.prices,

@@ -29,7 +29,6 @@ from jupyter_goals.models import (
     GlobalAction,
     GoalAction,
     NotebookSession,
-    Phase,
     PostMessage,
     SessionAction,
     UpdateGoal,
@@ -123,21 +122,41 @@ class GoalsHandler(ExtensionHandlerMixin, APIHandler):  # type: ignore[misc]
     async def from_tool_process(self) -> bool:
         return await guard.handler_from_tool(self)
 
-    def int_arg(self, name: str, default: int) -> int:
-        raw = self.get_argument(name, None)
+    def query_arg(self, name: str) -> str | None:
+        """The one value of a query argument (``None`` when absent). Given twice, a 400: the document
+        states one value, and taking the last one would accept a request it does not describe."""
+        values = self.get_arguments(name)
+        if len(values) > 1:
+            raise ApiError(400, "bad_request", f"{name} is given {len(values)} times; give it once")
+        return values[0] if values else None
+
+    def int_arg(self, name: str, default: int, minimum: int = -INT64) -> int:
+        """A query integer as the OpenAPI document states it (``minimum`` to 2**63 - 1), else 400."""
+        raw = self.query_arg(name)
         if raw is None:
             return default
         try:
             value = int(raw)
         except ValueError as exc:
             raise ApiError(400, "bad_request", f"{name} must be an integer") from exc
-        if not -INT64 <= value < INT64:  # the databases' integers are 64-bit
-            raise ApiError(400, "bad_request", f"{name} must be an integer between {-INT64} and {INT64 - 1}")
+        if not minimum <= value < INT64:  # the databases' integers are 64-bit
+            raise ApiError(400, "bad_request", f"{name} must be an integer between {minimum} and {INT64 - 1}")
+        return value
+
+    def id_arg(self, name: str) -> str | None:
+        """An id in the query: absent is ``None``; given, it names something (empty is a 400, not "all")."""
+        value = self.query_arg(name)
+        if value == "":
+            raise ApiError(400, "bad_request", f"{name} must not be empty")
         return value
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         message = getattr(exc, "log_message", None) or self._reason
+        if status_code == 405:  # RFC 9110: a 405 names the methods the route has
+            base = tornado.web.RequestHandler
+            self.set_header("Allow", ", ".join(m for m in base.SUPPORTED_METHODS
+                                               if getattr(type(self), m.lower()) is not getattr(base, m.lower())))
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": "http_error", "message": message}))
 
@@ -150,7 +169,7 @@ class HealthHandler(GoalsHandler):
         self.finish(await self.service.health())
 
 
-SESSION_STATES = frozenset({*(p.value for p in Phase), "idle"})
+SESSION_STATES = frozenset(openapi.SESSION_STATES)  # work phases and "idle", as the document lists them
 
 
 class SessionsHandler(GoalsHandler):
@@ -164,16 +183,17 @@ class SessionsHandler(GoalsHandler):
         limit = self.int_arg("limit", 100)
         if not 1 <= limit <= 500:
             raise ApiError(400, "bad_request", "limit must be between 1 and 500")
-        cursor = self.get_argument("cursor", None)
+        cursor = self.query_arg("cursor")
         try:
-            after = decode_cursor(cursor) if cursor else None
+            after = decode_cursor(cursor) if cursor is not None else None  # an empty one too is no cursor of ours
         except ValueError as exc:
             raise ApiError(400, "bad_request", str(exc)) from exc
-        states = sorted({s.strip() for raw in self.get_arguments("state") for s in raw.split(",") if s.strip()})
+        # an empty one (`state=`, `a,,b`) is unknown too: the document lists the phases, not ""
+        states = sorted({s.strip() for raw in self.get_arguments("state") for s in raw.split(",")})
         unknown = [s for s in states if s not in SESSION_STATES]
         if unknown:
             raise ApiError(400, "bad_request", f"unknown state {unknown[0]!r}; use one of {', '.join(sorted(SESSION_STATES))}")
-        text = self.get_argument("q", None) or None
+        text = self.query_arg("q") or None
         self.finish(await self.service.list_sessions(limit, after, states or None, text))
 
     @tornado.web.authenticated
@@ -193,12 +213,12 @@ class SessionHandler(GoalsHandler):
     @api
     async def get(self, session_id: str) -> None:
         """``?after=SEQ&limit=N`` pages forward; ``?before=SEQ|latest&limit=N`` pages back (newest first)."""
-        after = self.int_arg("after", 0)
-        limit = max(1, min(self.int_arg("limit", 500), 5000))
-        raw = self.get_argument("before", None)
+        after = self.int_arg("after", 0, minimum=0)
+        limit = min(self.int_arg("limit", 500, minimum=1), openapi.MAX_PAGE)
+        raw = self.query_arg("before")
         before: int | None = None
         if raw is not None:
-            if self.get_argument("after", None) is not None:
+            if self.query_arg("after") is not None:
                 raise ApiError(400, "bad_request", "give after or before, not both")
             if raw == "latest":
                 before = LATEST
@@ -274,8 +294,8 @@ class ApprovalsHandler(GoalsHandler):
     @authorized
     @api
     async def get(self) -> None:
-        state = self.get_argument("state", None)
-        if state not in (None, "pending", "approved", "denied", "consumed", "invalidated"):
+        state = self.query_arg("state")
+        if state is not None and state not in openapi.APPROVAL_STATES:
             raise ApiError(400, "bad_request", f"unknown approval state {state!r}")
         self.finish(await self.service.approvals(state))
 
@@ -296,9 +316,9 @@ class UsageHandler(GoalsHandler):
     @authorized
     @api
     async def get(self) -> None:
-        session_id = self.get_argument("session_id", None)
-        goal_id = self.get_argument("goal_id", None)
-        if bool(session_id) == bool(goal_id):
+        session_id = self.id_arg("session_id")
+        goal_id = self.id_arg("goal_id")
+        if (session_id is None) == (goal_id is None):
             raise ApiError(400, "bad_request", "give exactly one of session_id or goal_id")
         self.finish(await self.service.usage_answer(session_id, goal_id))
 
@@ -321,12 +341,15 @@ class EventsHandler(GoalsHandler):
     @authorized
     @api
     async def get(self) -> None:
-        after = self.int_arg("after", -1)
+        after = self.int_arg("after", -1, minimum=0)
         if after < 0:
             header = self.request.headers.get("Last-Event-ID")
             after = int(header) if header and header.isascii() and header.isdigit() and int(header) < INT64 else 0
-        limit = max(1, min(self.int_arg("limit", 500), 5000))
-        if self.get_argument("format", "") == "json":
+        limit = min(self.int_arg("limit", 500, minimum=1), openapi.MAX_PAGE)
+        form = self.query_arg("format")
+        if form not in (None, "json"):
+            raise ApiError(400, "bad_request", "format must be json (or left out for the event stream)")
+        if form == "json":
             self.finish(await self.service.events(after, limit))
             return
         self.set_header("Content-Type", "text/event-stream")
@@ -339,6 +362,12 @@ class EventsHandler(GoalsHandler):
             self.service.event_streams -= 1
 
     async def _stream(self, after: int, limit: int) -> None:
+        try:
+            # the status and headers at once, before any event: a client (or a fuzzer) learns now that
+            # this answer is a stream, instead of waiting for an event or the first keep-alive
+            await self.flush()
+        except StreamClosedError:
+            return
         idle = 0.0
         while not self.client_gone:
             batch = await self.service.events(after, limit)
@@ -368,7 +397,7 @@ class GoalsCollectionHandler(GoalsHandler):
     @authorized
     @api
     async def get(self) -> None:
-        self.finish(await self.service.list_goals(self.get_argument("session_id", None)))
+        self.finish(await self.service.list_goals(self.id_arg("session_id")))
 
     @tornado.web.authenticated
     @authorized
@@ -458,13 +487,52 @@ class NotebookSessionHandler(GoalsHandler):
         self.finish(answer)
 
 
+class UnknownRouteHandler(GoalsHandler):
+    """Any other path under ``/api/goals`` (an id with characters no id has, a trailing slash): a JSON
+    404 as the document says, not Jupyter's HTML page."""
+
+    def _missing(self) -> None:
+        raise ApiError(404, "not_found", f"no route {self.request.method} {self.request.path}")
+
+    # one decorated function per verb: `authorized` remembers the action (read or write) of its first call
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def get(self) -> None:
+        self._missing()
+
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def post(self) -> None:
+        self._missing()
+
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def put(self) -> None:
+        self._missing()
+
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def patch(self) -> None:
+        self._missing()
+
+    @tornado.web.authenticated
+    @authorized
+    @api
+    async def delete(self) -> None:
+        self._missing()
+
+
 class OpenAPIHandler(GoalsHandler):
     @tornado.web.authenticated
     @authorized
     @api
     async def get(self) -> None:
         base = self.request.path.rsplit("/", 1)[0]
-        self.finish(openapi.document(base))
+        self.finish(openapi.document(base, list(self.service.catalog.specs)))
 
 
 def handlers(base: str) -> list[tuple[str, type[GoalsHandler]]]:
@@ -493,4 +561,5 @@ def handlers(base: str) -> list[tuple[str, type[GoalsHandler]]]:
         (p + r"/jobs/(?P<job_id>[A-Za-z0-9_\-]+)", JobHandler),
         (p + "/notebook-session", NotebookSessionHandler),
         (p + "/openapi.json", OpenAPIHandler),
+        (p + r"(?:/.*)?", UnknownRouteHandler),  # last: only what no route above matched
     ]

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -79,7 +80,8 @@ def actions_for(work: Row | None) -> Actions:
     return Actions(
         can_pause=not ended and desired == DesiredState.RUN,
         can_resume=not ended and desired == DesiredState.PAUSED,
-        can_end=not ended,
+        can_stop=not ended,
+        can_end=not ended,  # the older name of can_stop for a session's work
         can_retry=not ended and (phase == Phase.FAILED or work["reason_code"] in RETRYABLE_WAITS),
         can_verify=False,
         reason_code=work["reason_code"],
@@ -744,10 +746,10 @@ class GoalsService:
     async def session_action(self, session_id: str, action: str, expected: int | None,
                              effect_id: str | None = None) -> dict[str, Any]:
         self.check()
-        if action == "cancel_tool" and effect_id:
+        if action == "cancel_tool":  # never the control path below: it has no cancel_tool (SessionAction needs effect_id)
 
             def cancel(tx: Tx) -> Row:
-                eff = c.request_cancel_tool(tx, session_id, effect_id)  # 404 unknown, 409 not running
+                eff = c.request_cancel_tool(tx, session_id, effect_id or "")  # 404 unknown, 409 not running
                 if not cancellable(eff["tool"]):  # raising undoes the request: nothing is recorded
                     raise c.VersionConflict(
                         f"tool call {eff['call_id']} ({eff['tool']}) cannot be cancelled: only a running shell"
@@ -760,8 +762,8 @@ class GoalsService:
         def run(tx: Tx) -> Row:
             c.get_session(tx, session_id)
             work = c.current_work(tx, session_id)
-            if work is None:
-                raise c.NotFound(f"session {session_id} has no work to {action}")
+            if work is None:  # the session exists: its state, not its id, refuses the action
+                raise c.VersionConflict(f"session {session_id} has no work to {action}")
             if action == "stop":
                 # End applies to the whole session: everything queued behind it stops too
                 for other in c.unfinished_work_of_session(tx, session_id, except_work_id=work["work_id"]):
@@ -911,28 +913,30 @@ class GoalsService:
 
         def run(tx: Tx) -> list[Row]:
             c.get_session(tx, session_id)
-            return goal_store.history(tx, session_id)
+            return [goal_lifecycle.history_view(r) for r in goal_store.history(tx, session_id)]
 
         return {"records": await self.control.run(run, write=False)}
 
     async def history_record(self, record_id: str) -> dict[str, Any]:
         self.check()
-        return dict(await self.control.run(lambda tx: goal_store.history_record(tx, record_id), write=False))
+        record = await self.control.run(lambda tx: goal_store.history_record(tx, record_id), write=False)
+        return goal_lifecycle.history_view(record)
 
     # ------------------------------------------------------------------ notebooks
     async def notebook_session(self, body: NotebookSession, path: str, root_dir: str) -> tuple[dict[str, Any], bool]:
         """The session bound to the notebook at API ``path`` (created on first use, cwd = the notebook's
-        folder), or ``body.session_id`` bound to it. One row per path in control.db."""
+        folder), or ``body.session_id`` bound to it. One row per path in control.db. A folder's key
+        (``work/``, ``./`` for the root: kernels that cannot know their notebook) gets the folder as cwd."""
         self.check()
         if body.session_id:
             sid = body.session_id
             row = await self.control.run(lambda tx: notebooks.bind(tx, path, sid))
             return notebooks.view(row), False
-        folder = os.path.join(root_dir, os.path.dirname(path))
+        folder = os.path.normpath(os.path.join(root_dir, os.path.dirname(path)))  # noqa: ASYNC240 - no disk access
         cwd = folder if await asyncio.to_thread(os.path.isdir, folder) else root_dir
         model = self.catalog.resolve(body.model) if body.model else self.catalog.default_model  # names as POST /sessions
         perms = body.permissions.model_dump() if body.permissions else {"mode": "ask", "allow": []}
-        title = body.title or os.path.basename(path)
+        title = body.title or (os.path.basename(folder) + "/" if path.endswith("/") else os.path.basename(path))
         row, created = await self.control.run(lambda tx: notebooks.get_or_create(tx, path, title, cwd, model, perms))
         return notebooks.view(row), created
 
@@ -953,8 +957,11 @@ def session_folder(cwd: str | None, root_dir: str) -> str:
 
 def notebook_api_path(path: str, root_dir: str) -> str:
     """A notebook's API path (relative to the server root, ``/``-separated), from an API path or from
-    the absolute OS path a kernel gets in ``JPY_SESSION_NAME``. ValueError when it leaves the root."""
+    the absolute OS path a kernel gets in ``JPY_SESSION_NAME``. ValueError when it leaves the root.
+    A path ending in ``/`` names a folder, and keeps its ``/`` (``./`` for the root): the key of the
+    kernels working there that cannot know their notebook (nbconvert, papermill)."""
     raw = path.strip()
+    folder = raw.endswith(("/", os.sep))
     if os.path.isabs(raw):
         root = os.path.abspath(root_dir)
         full = os.path.abspath(raw)
@@ -962,21 +969,34 @@ def notebook_api_path(path: str, root_dir: str) -> str:
             raise ValueError(f"{path!r} is outside the server root {root}")
         raw = os.path.relpath(full, root)
     norm = posixpath.normpath(raw.replace(os.sep, "/")).lstrip("/")
+    if folder and norm in ("", "."):
+        return "./"
     if norm in ("", ".") or norm == ".." or norm.startswith("../"):
         raise ValueError(f"{path!r} is not a notebook path inside the server root")
-    return norm
+    return norm + "/" if folder else norm
 
 
 LATEST = 2**62  # ``?before=latest``: before every seq
 
 
+# the cursor of GET /sessions, as the OpenAPI document states it: every string it matches is one the
+# server reads (a base64 cursor was opaque to the document, so a client could not tell a good one)
+CURSOR_PATTERN = r"^[0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,2})?~[A-Za-z0-9_\-]{1,100}$"
+_CURSOR = re.compile(CURSOR_PATTERN)
+
+
 def encode_cursor(activity: float, session_id: str) -> str:
-    """The opaque ``next_cursor`` of ``GET /sessions``: the last row's keyset key."""
-    return base64.urlsafe_b64encode(json.dumps([activity, session_id]).encode()).decode().rstrip("=")
+    """The ``next_cursor`` of ``GET /sessions``: the last row's keyset key, ``<activity>~<session_id>``
+    (``repr`` of the float, so it reads back exactly)."""
+    return f"{float(activity)!r}~{session_id}"
 
 
 def decode_cursor(cursor: str) -> tuple[float, str]:
-    """ValueError when ``cursor`` is not one :func:`encode_cursor` made."""
+    """ValueError when ``cursor`` is not one :func:`encode_cursor` made (or, before it, the base64 of
+    ``[activity, session_id]``, still read so that a listing survives an upgrade)."""
+    if _CURSOR.fullmatch(cursor):
+        activity, session_id = cursor.split("~")
+        return float(activity), session_id
     try:
         activity, session_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     except Exception as exc:
