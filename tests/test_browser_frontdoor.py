@@ -510,7 +510,7 @@ def test_streamed_assistant_text_appears_before_the_answer_is_committed(browser:
 
 
 # the session view's action buttons by accessible name, and the backend flag behind each (views.ts)
-SESSION_VIEW_BUTTONS = {"Pause": "can_pause", "Resume": "can_resume", "Stop": "can_end", "Retry": "can_retry"}
+SESSION_VIEW_BUTTONS = {"Pause": "can_pause", "Resume": "can_resume", "Stop": "can_stop", "Retry": "can_retry"}
 
 
 def test_stop_button_ends_the_running_command_and_disabled_buttons_say_why(browser: Browser, tmp_path: Path) -> None:

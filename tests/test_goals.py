@@ -314,6 +314,46 @@ async def test_a_goal_revision_invalidates_pending_approvals_and_old_continuatio
     assert work["control_version"] == before + 1 and work["objective_revision"] == 2
 
 
+def test_the_verdicts_that_count_are_those_of_the_acceptance_of_the_current_revision_only() -> None:
+    """The Goal answer's ``verdicts`` (computed here, rendered by every client): one per requirement in
+    order; an acceptance of an older revision no longer counts; a requirement it did not judge is unchecked."""
+    reqs = [{"id": "r1", "text": "a"}, {"id": "r2", "text": "b"}, {"id": "r3", "text": "c"}]
+    checked = {"revision": 2, "verdicts": [{"requirement_id": "r2", "verdict": "met", "evidence": [{"kind": "x"}]},
+                                           {"requirement_id": "r1", "verdict": "unmet", "evidence": []}]}
+    assert rules.current_verdicts(reqs, 2, checked) == [
+        {"requirement_id": "r1", "verdict": "unmet", "evidence": [], "checked": True},
+        {"requirement_id": "r2", "verdict": "met", "evidence": [{"kind": "x"}], "checked": True},
+        {"requirement_id": "r3", "verdict": "unknown", "evidence": [], "checked": False},
+    ]
+    for stale in (3, 1):  # the Goal was revised since (or the acceptance is newer than the answer read)
+        assert [v["checked"] for v in rules.current_verdicts(reqs, stale, checked)] == [False, False, False]
+    assert [v["verdict"] for v in rules.current_verdicts(reqs, 2, None)] == ["unknown"] * 3
+
+
+async def test_a_goal_answer_and_its_terminal_record_carry_the_verdicts_that_count(rig: Rig) -> None:
+    """After a revision the answer's verdicts are unchecked again (the old acceptance is kept, but no longer
+    counts); the record of an ended Goal keeps those that counted when it ended, also for a record saved
+    before answers carried them."""
+    sid, gl = new_goal(rig, "Race the verifier", [{"text": "good"}])
+    await rig.run_until_quiet()
+    achieved = rig.tx(lambda tx: lifecycle.view(tx, g.get_goal(tx, gl["goal_id"])))
+    assert [(v["verdict"], v["checked"]) for v in achieved["verdicts"]] == [("met", True)]
+    [record] = rig.db.transact(lambda tx: g.history(tx, sid), write=False)
+    assert [(v["verdict"], v["checked"]) for v in lifecycle.history_view(record)["snapshot"]["verdicts"]] == [("met", True)]
+    legacy = {**record, "snapshot": {k: v for k, v in record["snapshot"].items() if k != "verdicts"}}
+    assert lifecycle.history_view(legacy)["snapshot"]["verdicts"] == achieved["verdicts"]
+
+    _, other = new_goal(rig, "Judged, then revised", [{"id": "r1", "text": "good"}])  # not run: judged by hand
+    met = [{"requirement_id": "r1", "verdict": "met", "evidence": []}]
+    rig.tx(lambda tx: g.insert_acceptance(tx, g.get_goal(tx, other["goal_id"]), 1, "met", met, []))
+    view = rig.tx(lambda tx: lifecycle.view(tx, g.get_goal(tx, other["goal_id"])))
+    assert [(v["verdict"], v["checked"]) for v in view["verdicts"]] == [("met", True)]
+    rig.tx(lambda tx: lifecycle.revise(tx, other["goal_id"], 1, objective="Judged, then revised: edited"))
+    view = rig.tx(lambda tx: lifecycle.view(tx, g.get_goal(tx, other["goal_id"])))
+    assert view["revision"] == 2 and view["acceptance"]["revision"] == 1  # kept, no longer counts
+    assert [(v["verdict"], v["checked"]) for v in view["verdicts"]] == [("unknown", False)]
+
+
 def test_may_achieve_needs_current_revision_and_newest_result() -> None:
     ok = {"state": "active", "phase": "verifying", "revision": 3, "checked_revision": 3, "result_version": 5,
           "newest_result_version": 5, "result": rules.Verdict.MET}
@@ -376,8 +416,8 @@ async def test_goal_rest_create_get_list_and_errors(rest: Api) -> None:
     assert created["requirements"][0]["id"] == "r1" and created["budget"] == {"max_cost_usd": 2}
     assert set(created) >= {"goal_id", "session_id", "objective", "requirements", "state", "phase", "revision",
                             "budget", "usage", "actions", "acceptance"}
-    assert created["actions"] == {"can_pause": True, "can_resume": False, "can_end": True, "can_retry": False,
-                                  "can_verify": True, "reason_code": ""}
+    assert created["actions"] == {"can_pause": True, "can_resume": False, "can_stop": False, "can_end": True,
+                                  "can_retry": False, "can_verify": True, "reason_code": ""}  # a Goal ends, never stops
     gid = created["goal_id"]
     assert (await rest.ok("GET", f"goals/{gid}"))["goal_id"] == gid
     listed = await rest.ok("GET", "goals", params={"session_id": sid})

@@ -60,6 +60,8 @@ def view(tx: Tx, goal: Row) -> dict[str, Any]:
             "result_version": acceptance["result_version"], "revision": acceptance["revision"],
             "outcome": acceptance["outcome"], "verdicts": acceptance["verdicts"], "created_at": acceptance["created_at"],
         },
+        # the verdicts that count now, one per requirement (clients render these, never compare revisions)
+        "verdicts": rules.current_verdicts(goal["requirements"] or [], goal["revision"], acceptance),
         "verified_result_version": goal["verified_result_version"],
         "todo": items if todo_goal == goal["goal_id"] else [],
         "todo_version": version if todo_goal == goal["goal_id"] else 0,
@@ -223,6 +225,16 @@ def attribute(tx: Tx, work: Row) -> Row | None:
     if goal is not None:
         work["goal_id"], work["goal_revision"] = goal["goal_id"], goal["revision"]
     return goal
+
+
+def history_view(record: Row) -> dict[str, Any]:
+    """A terminal record as answered: its snapshot as saved, with the ``verdicts`` that counted when it
+    ended computed for records saved before the Goal answer carried them (a compatibility read)."""
+    snapshot = dict(record["snapshot"])
+    if "verdicts" not in snapshot:
+        snapshot["verdicts"] = rules.current_verdicts(snapshot.get("requirements") or [],
+                                                      int(snapshot.get("revision") or 0), snapshot.get("acceptance"))
+    return {**record, "snapshot": snapshot}
 
 
 def write_terminal_record(tx: Tx, goal: Row) -> str:

@@ -282,6 +282,24 @@ def merge_verdicts(requirements: Sequence[dict[str, Any]], deterministic: Sequen
     return out
 
 
+def current_verdicts(requirements: Sequence[dict[str, Any]], revision: int,
+                     acceptance: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The verdict that counts now for each requirement, in requirement order (the Goal answer's
+    ``verdicts``; clients only render it): the one of the acceptance that checked this ``revision``,
+    with ``checked`` true; ``unknown`` with ``checked`` false where none did — an acceptance of an older
+    revision no longer counts."""
+    found: dict[str, dict[str, Any]] = {}
+    if acceptance is not None and acceptance.get("revision") == revision:
+        for v in acceptance.get("verdicts") or []:
+            found.setdefault(str(v.get("requirement_id", "")), v)
+    out = []
+    for r in requirements:
+        v = found.get(str(r.get("id", "")))
+        out.append({"requirement_id": r.get("id"), "verdict": v["verdict"] if v else Verdict.UNKNOWN.value,
+                    "evidence": v.get("evidence", []) if v else [], "checked": v is not None})
+    return out
+
+
 def outcome(verdicts: Sequence[dict[str, Any]]) -> Verdict:
     if verdicts and all(v["verdict"] == Verdict.MET for v in verdicts):
         return Verdict.MET

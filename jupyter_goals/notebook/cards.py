@@ -106,10 +106,8 @@ def approval_html(approval: dict[str, Any]) -> str:
 
 
 def _verdicts(goal: dict[str, Any]) -> dict[str, str]:
-    acceptance = goal.get("acceptance") or {}
-    if acceptance.get("revision") not in (None, goal.get("revision")):
-        return {}  # acceptance of an older revision no longer counts
-    return {str(v.get("requirement_id")): str(v.get("verdict")) for v in acceptance.get("verdicts") or []}
+    """The server's verdicts that count now (``verdicts``), by requirement id."""
+    return {str(v.get("requirement_id")): str(v.get("verdict")) for v in goal.get("verdicts") or []}
 
 
 def _snapshot_note(html: str) -> str:

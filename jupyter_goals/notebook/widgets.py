@@ -156,9 +156,7 @@ class GoalWidget(LiveWidget):
         self.session_id = goal["session_id"]
         self.heading.value = (f"<b>Goal</b> {_phase(goal['state'])} {_phase(goal['phase'])} "
                             f"{escape(goal['objective'])}")
-        acceptance = goal.get("acceptance") or {}
-        verdicts = ({str(v.get("requirement_id")): str(v.get("verdict")) for v in acceptance.get("verdicts") or []}
-                    if acceptance.get("revision") in (None, goal.get("revision")) else {})
+        verdicts = {str(v.get("requirement_id")): str(v.get("verdict")) for v in goal.get("verdicts") or []}
         reqs = "".join(f"<li>{_phase(verdicts.get(r['id'], 'unknown'))} {escape(r['text'])}</li>"
                        for r in goal.get("requirements") or [])
         usage = (goal.get("usage") or {}).get("display") or ""
@@ -345,7 +343,7 @@ class ChatWidget(LiveWidget):
 
         self._set_buttons([(a, label, bool(actions.get(flag)), send(a)) for a, label, flag in
                            (("pause", "Pause", "can_pause"), ("resume", "Resume", "can_resume"),
-                            ("stop", "End", "can_end"))], reason)
+                            ("stop", "Stop", "can_stop"))], reason)
 
     def concerns(self, event: dict[str, Any]) -> bool:
         return event.get("work_id") == self.work_id

@@ -25,6 +25,9 @@ export interface IWorkView {
 export interface IActions {
   can_pause: boolean;
   can_resume: boolean;
+  /** A session's `stop` (the button "Stop"). */
+  can_stop: boolean;
+  /** A Goal's `end` (the button "End"); for a session, the older name of `can_stop`. */
   can_end: boolean;
   can_retry: boolean;
   can_verify: boolean;
@@ -44,6 +47,8 @@ export interface IVerdict {
   requirement_id: string;
   verdict: string;
   evidence?: unknown;
+  /** In a Goal's ``verdicts``: checked for its current revision (else ``unknown``, not checked yet). */
+  checked?: boolean;
 }
 
 export interface ITodoItem {
@@ -73,6 +78,8 @@ export interface IGoal {
     outcome: string;
     verdicts: IVerdict[];
   } | null;
+  /** The verdicts that count now, one per requirement, computed by the server. */
+  verdicts?: IVerdict[];
   todo?: ITodoItem[];
 }
 

@@ -15,7 +15,7 @@ const ACTION_WORDS: [string, string][] = [
   ['can_resume', 'Resume'],
   ['can_retry', 'Retry'],
   ['can_pause', 'Pause'],
-  ['can_end', 'End'],
+  ['can_stop', 'Stop'],
   ['can_verify', 'Verify']
 ];
 

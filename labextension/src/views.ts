@@ -78,10 +78,10 @@ export const SESSION_ACTIONS: IActionSpec[] = [
   { action: 'pause', label: 'Pause', flag: 'can_pause' },
   { action: 'resume', label: 'Resume', flag: 'can_resume' },
   { action: 'retry', label: 'Retry', flag: 'can_retry' },
-  { action: 'stop', label: 'End', flag: 'can_end' }
+  { action: 'stop', label: 'Stop', flag: 'can_stop' }
 ];
 
-/** The session view's bar: Stop is the backend's `stop` (flag `can_end`) under its own name. */
+/** The session view's bar, with what each action does as its tooltip. */
 export const SESSION_VIEW_ACTIONS: IActionSpec[] = [
   {
     action: 'pause',
@@ -93,7 +93,7 @@ export const SESSION_VIEW_ACTIONS: IActionSpec[] = [
   {
     action: 'stop',
     label: 'Stop',
-    flag: 'can_end',
+    flag: 'can_stop',
     hint: 'Stop: ends the work now; a running command is cancelled'
   },
   { action: 'retry', label: 'Retry', flag: 'can_retry', hint: 'Retry: run the failed work again' }
@@ -143,12 +143,11 @@ export function actionBar(
   return bar;
 }
 
-/** Verdicts of the acceptance that checked the Goal's current revision (older ones no longer count). */
+/** The server's verdicts that count now, by requirement id (only those checked for this revision). */
 export function currentVerdicts(goal: IGoal): Map<string, string> {
   const verdicts = new Map<string, string>();
-  const acceptance = goal.acceptance;
-  if (acceptance && acceptance.revision === goal.revision) {
-    for (const v of acceptance.verdicts ?? []) {
+  for (const v of goal.verdicts ?? []) {
+    if (v.checked) {
       verdicts.set(v.requirement_id, v.verdict);
     }
   }
