@@ -19,14 +19,14 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext jupyter_goals``: the ``%goal`` / ``%%goal`` magics."""
-    from jupyter_goals.notebook.magics import load_ipython_extension as load
+    from jupyter_goals.clients.notebook.magics import load_ipython_extension as load
 
     load(ipython)
 
 
 def __getattr__(name: str) -> Any:
     if name in ("GoalsClient", "AsyncGoalsClient", "GoalsError"):
-        from jupyter_goals.notebook import client
+        from jupyter_goals.clients import rest as client
 
         return getattr(client, name)
     raise AttributeError(name)

@@ -503,7 +503,7 @@ class Requirement(Strict):
 
 
 class Budget(Strict):
-    """Hard limits, unlimited unless set; enforced by ``jupyter_goals.budget`` before every paid request."""
+    """Hard limits, unlimited unless set; enforced by ``jupyter_goals.usage.budget`` before every paid request."""
 
     max_cost_usd: Annotated[float, Field(ge=0), NUMBER_ONLY] | None = None
     max_tokens: Annotated[int, Field(ge=0), NUMBER_ONLY] | None = None

@@ -19,7 +19,6 @@ from typing import Any
 from jupyter_goals.goals import lifecycle
 from jupyter_goals.identity import ProcessIdentity, boot_id, host_name
 from jupyter_goals.models import Requirement
-from jupyter_goals.prices import PriceTable
 from jupyter_goals.recovery.coordinator import Coordinator, RecoveryReport
 from jupyter_goals.runtime.tools import ToolRegistry
 from jupyter_goals.runtime.turn import TurnRunner
@@ -27,6 +26,7 @@ from jupyter_goals.store import control as c
 from jupyter_goals.store import goals as g
 from jupyter_goals.store.db import Database, Row, Tx
 from jupyter_goals.store.schema import migrate
+from jupyter_goals.usage.prices import PriceTable
 
 
 def exited_pid() -> int:

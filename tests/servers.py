@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jupyter_goals.effect_files import group_members
+from jupyter_goals.host.effect_files import group_members
 from jupyter_goals.testing.servers import (
     ServerFactory,
     ServerProcess,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_goals.effect_files import kill_shell
+from jupyter_goals.host.effect_files import kill_shell
 from jupyter_goals.store.db import VersionConflict
 from tests.inproc import Rig
 

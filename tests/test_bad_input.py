@@ -19,8 +19,8 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
+from jupyter_goals.clients.rest import GoalsError
 from jupyter_goals.config import GoalsConfig
-from jupyter_goals.notebook.client import GoalsError
 from jupyter_goals.server.bodies import MAX_JSON_DEPTH, BodyRefused, parse_body
 from tests.restkit import (  # noqa: F401 - the REST fixtures are shared (tests/restkit.py)
     Api,

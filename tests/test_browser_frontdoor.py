@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from jupyter_goals.effect_files import group_members
+from jupyter_goals.host.effect_files import group_members
 
 from .browser import (
     LabPage,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from jupyter_goals.effect_files import group_members, kill_shell
+from jupyter_goals.host.effect_files import group_members, kill_shell
 
 from .browser import (
     LabPage,

@@ -1,7 +1,7 @@
 """Notebook cards across a server crash, in a real JupyterLab (headless Chromium, the built labextension).
 
 An open notebook holds the id-only outputs ``%goal`` / ``%chat`` make (Goal, approval, history and
-chat cards, built by ``jupyter_goals.notebook.cards``). The server is killed with SIGKILL and started
+chat cards, built by ``jupyter_goals.clients.notebook.cards``). The server is killed with SIGKILL and started
 again on the same port; with no page reload the cards reconnect, re-read, and follow the next change.
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from jupyter_goals.notebook import cards
+from jupyter_goals.clients.notebook import cards
 
 from .browser import (
     LabPage,

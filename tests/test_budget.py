@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 
-from jupyter_goals import budget
-from jupyter_goals.budget import Reservation, Spend, check
 from jupyter_goals.goals import lifecycle
 from jupyter_goals.identity import host_name
-from jupyter_goals.models import GoalState, ReasonCode, Requirement
-from jupyter_goals.prices import PriceTable
+from jupyter_goals.models import GoalState, ReasonCode, Requirement, Usage
 from jupyter_goals.store import control as c
 from jupyter_goals.store import goals as g
 from jupyter_goals.store import waits
 from jupyter_goals.store.db import Row, Tx
+from jupyter_goals.usage import budget
+from jupyter_goals.usage.budget import Reservation, Spend, check
+from jupyter_goals.usage.prices import PriceTable
 from tests.inproc import Rig
 from tests.storekit import Backend
 
@@ -254,9 +254,10 @@ def test_goal_spend_counts_settled_requests_and_reservations_of_unknown_ones(bac
         for rid in ("q1", "q2", "q3", "q4"):
             c.record_request(tx, work, request_id=rid, attempt_id="a1", turn_id="t1", purpose="work",
                              model="scripted:x.json", reserved_usd=1.2, reserved_tokens=1010)
-        c.settle_request(tx, "q1", USAGE, prices=PRICES)  # known: $1.20, 1010 tokens
+        c.settle_request(tx, "q1", USAGE, cost_usd=PRICES.quote("scripted:x.json", Usage.model_validate(USAGE)))  # $1.20
         c.settle_request(tx, "q2", {"input_tokens": 500, "output_tokens": 0}, error="stream lost", partial=True,
-                         prices=PRICES)  # a lower bound: counted at its reservation
+                         cost_usd=PRICES.quote("scripted:x.json", Usage(input_tokens=500, output_tokens=0)))  # a lower
+        # bound: counted at its reservation
         c.lose_request(tx, "q3", "connection lost")  # unknown: counted at its reservation
         return budget.goal_spend(tx, gl["goal_id"])  # q4 is in flight: reserved as well
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_goals.effect_files import group_members
+from jupyter_goals.host.effect_files import group_members
 from tests.servers import (
     ServerProcess,
     attempt_count,
@@ -205,7 +205,7 @@ def test_stop_while_the_model_answer_streams_closes_the_request_and_settles_it_l
     worker closes the connection (the server sees it within 2 s), the paid request is settled ``lost``
     (usage unknown, never zero) in control.db and, through the outbox, in usage.db; the work is cancelled
     and the model is not asked again."""
-    from jupyter_goals.paid import STOPPED_ERROR
+    from jupyter_goals.usage.paid import STOPPED_ERROR
     from tests.openai_server import OpenAITestServer
 
     with OpenAITestServer() as api, server_env(tmp_path, RULES) as env:

@@ -122,26 +122,26 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from jupyter_goals import effect_files
 from jupyter_goals import faults as faults_module
-from jupyter_goals.effect_files import group_members, shell_process
 from jupyter_goals.goals import acceptance as acceptance_module
 from jupyter_goals.goals import lifecycle as goal_lifecycle
+from jupyter_goals.host import effect_files
+from jupyter_goals.host.effect_files import group_members, shell_process
+from jupyter_goals.host.secrecy import Redactor
 from jupyter_goals.identity import boot_id, host_name, process_start_time
 from jupyter_goals.models import TERMINAL_GOAL_STATES, ReasonCode, Requirement
-from jupyter_goals.prices import load_price_table
 from jupyter_goals.recovery import coordinator as coordinator_module
 from jupyter_goals.recovery.coordinator import Coordinator
 from jupyter_goals.runtime import tools as tools_module
 from jupyter_goals.runtime import turn as turn_module
 from jupyter_goals.runtime.tools import ToolContext, ToolRegistry, ToolResult
 from jupyter_goals.runtime.turn import HistoryCache, TurnRunner
-from jupyter_goals.secrecy import Redactor
 from jupyter_goals.store import control as c
-from jupyter_goals.store import outbox as outbox_module
 from jupyter_goals.store import recovery as recovery_store
 from jupyter_goals.store.db import Database, NotFound, Row, Tx, VersionConflict
 from jupyter_goals.store.schema import migrate
+from jupyter_goals.usage import ledger as outbox_module
+from jupyter_goals.usage.prices import load_price_table
 from tests.storekit import Backend, postgres_unreachable
 
 HISTORIES = int(os.environ.get("JG_MODEL_HISTORIES", "2000"))

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from jupyter_goals.effect_files import kill_shell, shell_alive
-from jupyter_goals.notebook.client import GoalsError
+from jupyter_goals.clients.rest import GoalsError
+from jupyter_goals.host.effect_files import kill_shell, shell_alive
 from tests.servers import ROOT, ServerProcess, db_rows, fired, lines, server_env, spawned, wait_spawned
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_demo_kills_the_server_mid_command_and_the_chat_finishes_with_the_command_run_once(tmp_path: Path) -> None:
-    run = subprocess.run([sys.executable, "-m", "jupyter_goals.cli", "demo", "--dir", str(tmp_path)],
+    run = subprocess.run([sys.executable, "-m", "jupyter_goals.clients.cli", "demo", "--dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "kill -9 of the server" in run.stdout and "phase done" in run.stdout

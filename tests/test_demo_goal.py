@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_goals.notebook.client import GoalsClient
+from jupyter_goals.clients.rest import GoalsClient
 from jupyter_goals.server.app import demo_model
 from tests.servers import ServerProcess, db_rows, wait_for
 

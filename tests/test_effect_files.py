@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_goals.effect_files import cancel_shell, group_members
+from jupyter_goals.host.effect_files import cancel_shell, group_members
 from jupyter_goals.identity import boot_id, process_start_time
 
 

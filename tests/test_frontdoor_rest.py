@@ -260,10 +260,10 @@ def test_a_worker_resolves_a_named_model_from_the_servers_export(monkeypatch: py
     """A name that keeps its own endpoint or key variable is resolved in the worker from
     ``JUPYTER_GOALS_MODELS`` (set by the server before it starts workers), credentials included."""
     from jupyter_goals.models import ReasonCode
-    from jupyter_goals.prices import load_price_table
-    from jupyter_goals.providers import catalog
     from jupyter_goals.providers.openai_compat import OpenAICompatProvider
     from jupyter_goals.providers.resolve import check_model, resolve_provider
+    from jupyter_goals.server import catalog
+    from jupyter_goals.usage.prices import load_price_table
 
     cat = catalog.ModelCatalog(demo_model(), catalog.parse_specs(MODELS), demo_model(), load_price_table(None))
     exported = cat.export_named()

@@ -1,5 +1,6 @@
 """Layering rules read from the source with ``ast``: SQL lives behind ``jupyter_goals/store/`` only, the
-package's imports have no cycles, and no module imports from a test module (shared fixtures and helpers
+package's imports have no cycles, every import points down the declared layers (``LAYERS``), and no
+module imports from a test module (shared fixtures and helpers
 live in support modules such as ``tests/restkit.py`` and ``tests/servers.py``)."""
 
 from __future__ import annotations
@@ -166,18 +167,73 @@ def test_import_cycle_check_finds_a_cycle_through_a_function_local_import(tmp_pa
     assert import_cycles(import_graph(pkg)) == [["pkg.base", "pkg.sub.adapter"]]
 
 
-def test_no_import_cycles_among_the_layers() -> None:
-    """Sub-packages and top-level modules as one node each (e.g. ``recovery`` and ``runtime``; ``prices``
-    and ``providers``): the arrows between layers point one way."""
-    graph = import_graph()
+# --------------------------------------------------------------------------- the layer order
 
-    def layer(module: str) -> str:
-        return ".".join(module.split(".")[:2])
+#: the package's layers, lowest first: a module may import its own layer and those below, never one above.
+#: A node is a module or a package (its longest prefix here decides); the package root is left out (it
+#: only re-exports the client and registers the extensions, lazily).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("jupyter_goals.models", "jupyter_goals.identity", "jupyter_goals.faults", "jupyter_goals.config"),
+    ("jupyter_goals.clients.rest",),  # the one Python client library: knows nothing of the server's code
+    ("jupyter_goals.store",),
+    ("jupyter_goals.providers",),
+    ("jupyter_goals.host",),
+    ("jupyter_goals.usage",),
+    ("jupyter_goals.goals",),
+    ("jupyter_goals.recovery",),
+    ("jupyter_goals.runtime",),
+    ("jupyter_goals.server",),
+    ("jupyter_goals.testing",),
+    ("jupyter_goals.clients",),
+)
 
-    layers: dict[str, set[str]] = {}
-    for module, targets in graph.items():
-        layers.setdefault(layer(module), set()).update(layer(t) for t in targets if layer(t) != layer(module))
-    assert import_cycles(layers) == []
+
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> int | None:
+    best: tuple[int, int] | None = None  # (prefix length, layer)
+    for level, nodes in enumerate(layers):
+        for node in nodes:
+            if (module == node or module.startswith(node + ".")) and (best is None or len(node) > best[0]):
+                best = (len(node), level)
+    return None if best is None else best[1]
+
+
+def upward_imports(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[str]:
+    """Every import of a module from a higher layer, and every module no layer names (root aside)."""
+    found: list[str] = []
+    root = layers[0][0].split(".")[0]
+    for module, targets in sorted(graph.items()):
+        if module == root:
+            continue
+        level = layer_of(module, layers)
+        if level is None:
+            found.append(f"{module}: in no layer")
+            continue
+        for target in sorted(targets):
+            up = layer_of(target, layers)
+            if target != root and up is not None and up > level:
+                found.append(f"{module} imports {target} (layer {up} above {level})")
+    return found
+
+
+def test_every_import_points_down_the_declared_layers() -> None:
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_layer_check_finds_an_upward_import_and_a_module_in_no_layer(tmp_path: Path) -> None:
+    """A deliberately wrong import: the store importing the turn loop (and a module no layer names)."""
+    pkg = tmp_path / "pkg"
+    for sub in ("store", "runtime"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models.py").write_text("")
+    (pkg / "store" / "db.py").write_text("from pkg import models\n")
+    (pkg / "store" / "effects.py").write_text("def f():\n    from pkg.runtime import turn\n")
+    (pkg / "runtime" / "turn.py").write_text("from pkg.store import db\n")
+    (pkg / "stray.py").write_text("")
+    layers = (("pkg.models",), ("pkg.store",), ("pkg.runtime",))
+    assert upward_imports(import_graph(pkg), layers) == [
+        "pkg.store.effects imports pkg.runtime.turn (layer 2 above 1)", "pkg.stray: in no layer"]
 
 
 # --------------------------------------------------------------------------- shared test code

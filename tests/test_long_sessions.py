@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from jupyter_goals.models import ItemKind
-from jupyter_goals.providers.catalog import NAMED_ENV
+from jupyter_goals.server.catalog import NAMED_ENV
 from tests.inproc import Rig
 from tests.servers import db_rows, server_env
 

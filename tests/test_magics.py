@@ -16,8 +16,8 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import CapturedIO, capture_output
 from jupyter_client.blocking import BlockingKernelClient
 
-from jupyter_goals.notebook import cards
-from jupyter_goals.notebook.magics import parse_requirements
+from jupyter_goals.clients.notebook import cards
+from jupyter_goals.clients.notebook.magics import parse_requirements
 from tests.kernels import Kernel, bundles, errors, kernel_env, scripted_server, text
 from tests.servers import ServerProcess, db_rows, write_script
 

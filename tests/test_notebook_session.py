@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jupyter_goals.notebook import cards
-from jupyter_goals.notebook.client import GoalsClient, GoalsError, ServerNotFound, find_server
+from jupyter_goals.clients.notebook import cards
+from jupyter_goals.clients.rest import GoalsClient, GoalsError, ServerNotFound, find_server
 from tests.kernels import Kernel, bundles, ci_env, errors, scripted_server, text
 from tests.servers import ServerProcess, db_rows
 

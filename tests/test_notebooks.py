@@ -16,7 +16,7 @@ from typing import Any
 import nbformat
 import pytest
 
-from jupyter_goals.notebook import cards
+from jupyter_goals.clients.notebook import cards
 from jupyter_goals.server.app import demo_model
 from tests.kernels import bundles, cell_outputs, ci_env, run_notebook, scripted_server, text
 from tests.openai_server import OpenAITestServer, Plan, openai_usage

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from jupyter_goals.models import Usage
-from jupyter_goals.prices import load_price_table, shipped_table_bytes
 from jupyter_goals.store import usage as u
+from jupyter_goals.usage import ledger
+from jupyter_goals.usage.prices import load_price_table, shipped_table_bytes
 from tests.storekit import Backend, request
 
 M = 1_000_000
@@ -54,7 +55,7 @@ def test_a_user_file_replaces_the_shipped_table_or_extends_it(tmp_path: Path) ->
 
 
 def test_a_named_model_is_priced_as_the_model_it_stands_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    from jupyter_goals.providers import catalog
+    from jupyter_goals.server import catalog
 
     monkeypatch.setenv(catalog.NAMED_ENV, json.dumps({"work": {"provider": "anthropic", "model": "claude-haiku-4-5",
                                                                "api_key_env": "WORK_KEY"}}))
@@ -67,7 +68,7 @@ def test_the_tier_that_served_a_request_is_recorded_on_it_in_the_ledger(backend:
     t = load_price_table(None)
     served = {"input_tokens": M, "output_tokens": 0, "service_tier": "flex"}
     db.transact(lambda tx: u.apply_request(tx, request("a", "openai:gpt-5")))
-    db.transact(lambda tx: u.apply_receipt(tx, "receipt:a", {**request("a", "openai:gpt-5"), "usage": served}, t))
+    db.transact(lambda tx: ledger.apply_receipt(tx, "receipt:a", {**request("a", "openai:gpt-5"), "usage": served}, t))
     row = db.transact(lambda tx: tx.one("SELECT r.service_tier, x.cost_usd FROM requests r JOIN receipts x"
                                         " ON x.request_id = r.request_id WHERE r.request_id = 'a'"), write=False)
     assert row is not None and row["service_tier"] == "flex" and row["cost_usd"] == pytest.approx(0.625)

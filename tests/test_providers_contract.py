@@ -20,12 +20,12 @@ from jupyter_goals.models import (
     TranscriptItem,
     Usage,
 )
-from jupyter_goals.prices import load_price_table
 from jupyter_goals.providers.anthropic import AnthropicProvider
 from jupyter_goals.providers.base import Provider, ProviderError
 from jupyter_goals.providers.openai_compat import OpenAICompatProvider
 from jupyter_goals.providers.resolve import check_model, resolve_provider
 from jupyter_goals.recovery.repair import repair_history
+from jupyter_goals.usage.prices import load_price_table
 from tests.anthropic_server import AnthropicTestServer, anthropic_usage
 from tests.openai_server import OpenAITestServer, Recorder, openai_usage
 
@@ -167,7 +167,7 @@ async def test_the_repaired_history_maps_each_tool_result_to_its_call(fake: Fake
 def test_named_and_prefixed_models_resolve_to_their_adapter_and_a_missing_key_is_a_credentials_wait(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from jupyter_goals.providers import catalog
+    from jupyter_goals.server import catalog
 
     key_file = tmp_path / "claude.key"
     specs = {"claude": {"provider": "anthropic", "model": "claude-x", "base_url": "http://127.0.0.1:9",

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyter_goals.effect_files import kill_shell
+from jupyter_goals.host.effect_files import kill_shell
 from jupyter_goals.models import Capability, GoalState, Permissions
 from jupyter_goals.recovery.coordinator import scope_lost
 from jupyter_goals.runtime.permissions import CallFacts, check_call, glob_base, read_fence, secret_places

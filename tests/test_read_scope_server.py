@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_goals.notebook.client import GoalsClient
+from jupyter_goals.clients.rest import GoalsClient
 from tests.servers import server_env, write_script
 
 pytestmark = pytest.mark.slow

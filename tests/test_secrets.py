@@ -24,7 +24,7 @@ import pytest
 from traitlets import TraitError
 from traitlets.config import Config
 
-from jupyter_goals.secrecy import Redactor, is_secret_name, tool_environment
+from jupyter_goals.host.secrecy import Redactor, is_secret_name, tool_environment
 from jupyter_goals.server.app import GoalsApp
 from jupyter_goals.store import control as c
 from tests.inproc import Rig
@@ -412,7 +412,7 @@ def test_tool_env_allow_flags_of_a_real_server_reach_a_real_shell_and_no_worker_
         assert workers
         for w in workers:
             worker_env = _environ(int(w["pid"]))
-            assert "jupyter_goals.worker" in Path(f"/proc/{w['pid']}/cmdline").read_bytes().decode()
+            assert "jupyter_goals.runtime.worker" in Path(f"/proc/{w['pid']}/cmdline").read_bytes().decode()
             assert worker_env["OPENAI_API_KEY"] == server_env_vars["OPENAI_API_KEY"]  # read at request time
             assert TOKEN_NAME not in worker_env and "JUPYTER_TOKEN" not in worker_env
             assert server.token not in Path(f"/proc/{w['pid']}/environ").read_bytes().decode(errors="replace")

@@ -28,8 +28,8 @@ from jupyter_goals.store.db import (
     Tx,
     VersionConflict,
 )
-from jupyter_goals.store.outbox import OutboxDispatcher
 from jupyter_goals.store.schema import migrate
+from jupyter_goals.usage.ledger import OutboxDispatcher
 from tests.storekit import PERMS, Backend, new_chat
 
 

@@ -20,18 +20,18 @@ from typing import Any
 
 import pytest
 
-from jupyter_goals import worker as worker_module
 from jupyter_goals.identity import ProcessIdentity, boot_id, host_name
 from jupyter_goals.models import EffectState, Usage
-from jupyter_goals.prices import load_price_table
 from jupyter_goals.recovery.coordinator import Coordinator, RecoveryReport
+from jupyter_goals.runtime import worker as worker_module
 from jupyter_goals.runtime.tools import ToolRegistry
+from jupyter_goals.runtime.worker import Worker
 from jupyter_goals.store import control as c
 from jupyter_goals.store import usage as u
 from jupyter_goals.store.db import Database, Row, StorageUnavailable, Tx
-from jupyter_goals.store.outbox import OutboxDispatcher
 from jupyter_goals.store.schema import migrate
-from jupyter_goals.worker import Worker
+from jupyter_goals.usage.ledger import OutboxDispatcher
+from jupyter_goals.usage.prices import load_price_table
 from tests.faultstore import KINDS, FaultKind, FaultPlan, FaultyDatabase, InjectedFault
 from tests.inproc import exited_pid
 from tests.storekit import new_chat
@@ -109,7 +109,8 @@ class Ledger:
             for rid, (i, o) in RECEIPTS.items():
                 c.record_request(tx, work, request_id=rid, attempt_id="att_1", turn_id="turn_1", purpose="work",
                                  model=MODEL)
-                c.settle_request(tx, rid, {"input_tokens": i, "output_tokens": o}, prices=self.prices)
+                c.settle_request(tx, rid, {"input_tokens": i, "output_tokens": o},
+                                 cost_usd=self.prices.quote(c.request_model(tx, rid) or "", Usage(input_tokens=i, output_tokens=o)))
             return str(session["session_id"])
 
         self.session_id = self.control.transact(settle)

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from jupyter_goals.prices import PriceTable, PriceTableError, load_price_table
 from jupyter_goals.store import control as c
 from jupyter_goals.store import usage as u
 from jupyter_goals.store.db import Database, Tx
-from jupyter_goals.store.outbox import OutboxDispatcher
+from jupyter_goals.usage import ledger
+from jupyter_goals.usage.ledger import OutboxDispatcher
+from jupyter_goals.usage.prices import PriceTable, PriceTableError, load_price_table
 from tests.storekit import Backend, new_chat, request
 
 PRICES_V1 = {"version": "2026-11", "models": {"openai:m": {"input_usd_per_mtok": 1000.0, "output_usd_per_mtok": 2000.0}}}
@@ -67,7 +68,7 @@ def test_each_receipt_counts_once_whatever_is_retried(backend: Backend) -> None:
     db.transact(lambda tx: u.apply_request(tx, request("req_1")))
     db.transact(lambda tx: u.apply_request(tx, request("req_1")))  # the same outbox op again
     for _ in range(3):
-        db.transact(lambda tx: u.apply_receipt(tx, "receipt:req_1", {**request("req_1"), "usage": usage(1000, 500)}, t))
+        db.transact(lambda tx: ledger.apply_receipt(tx, "receipt:req_1", {**request("req_1"), "usage": usage(1000, 500)}, t))
     s = db.transact(lambda tx: u.summary(tx, session_id="ses_1"), write=False)
     assert s["receipts"] == 1 and s["known_tokens"] == {"input": 1000, "output": 500, "cached": 0}
     assert s["known_cost_usd"] == pytest.approx(0.02)
@@ -80,12 +81,12 @@ def test_unknown_usage_lower_bounds_and_unknown_prices_are_shown_apart_from_the_
     t = table({"version": "v", "models": {"openai:m": {"input_usd_per_mtok": 100000.0, "output_usd_per_mtok": 0.0}}})
 
     def fill(tx: Tx) -> None:
-        u.apply_receipt(tx, "receipt:a", {**request("a"), "usage": usage(4, 0)}, t)  # $0.40
-        u.apply_receipt(tx, "receipt:b", {**request("b"), "usage": usage(0, 0)}, t)  # a 503: nothing consumed
+        ledger.apply_receipt(tx, "receipt:a", {**request("a"), "usage": usage(4, 0)}, t)  # $0.40
+        ledger.apply_receipt(tx, "receipt:b", {**request("b"), "usage": usage(0, 0)}, t)  # a 503: nothing consumed
         u.apply_lost(tx, request("c"))  # the worker died while it was out
-        u.apply_receipt(tx, "receipt:d", {**request("d"), "usage": None}, t)  # answered without a usage report
-        u.apply_receipt(tx, "receipt:e", {**request("e"), "usage": usage(1, 0), "partial": True}, t)  # lower bound
-        u.apply_receipt(tx, "receipt:f", {**request("f", model="openai:unpriced"), "usage": usage(5, 5)}, t)
+        ledger.apply_receipt(tx, "receipt:d", {**request("d"), "usage": None}, t)  # answered without a usage report
+        ledger.apply_receipt(tx, "receipt:e", {**request("e"), "usage": usage(1, 0), "partial": True}, t)  # lower bound
+        ledger.apply_receipt(tx, "receipt:f", {**request("f", model="openai:unpriced"), "usage": usage(5, 5)}, t)
         u.apply_request(tx, request("g"))  # still in flight
 
     db.transact(fill)
@@ -98,14 +99,14 @@ def test_unknown_usage_lower_bounds_and_unknown_prices_are_shown_apart_from_the_
                                    " 1 interrupted request counted as a lower bound; 1 request in flight")
     assert s["estimated_cost_usd"] > s["known_cost_usd"]
     # a late receipt for the lost request settles it: it is no longer unknown, and it counts once
-    db.transact(lambda tx: u.apply_receipt(tx, "receipt:c", {**request("c"), "usage": usage(1, 0)}, t))
+    db.transact(lambda tx: ledger.apply_receipt(tx, "receipt:c", {**request("c"), "usage": usage(1, 0)}, t))
     assert db.transact(lambda tx: u.summary(tx, session_id="ses_1"), write=False)["unknown_usage_requests"] == 1
 
 
 def test_the_spec_example_display(backend: Backend) -> None:
     db = backend.open("usage", migrated="usage")
     t = table({"version": "v", "models": {"openai:m": {"input_usd_per_mtok": 420000.0, "output_usd_per_mtok": 0.0}}})
-    db.transact(lambda tx: u.apply_receipt(tx, "receipt:a", {**request("a"), "usage": usage(1, 0)}, t))
+    db.transact(lambda tx: ledger.apply_receipt(tx, "receipt:a", {**request("a"), "usage": usage(1, 0)}, t))
     db.transact(lambda tx: u.apply_lost(tx, request("b")))
     assert db.transact(lambda tx: u.summary(tx, session_id="ses_1"), write=False)["display"] == (
         "Known $0.42; usage unknown for 1 additional request; estimate $0.84")
@@ -114,12 +115,12 @@ def test_the_spec_example_display(backend: Backend) -> None:
 def test_a_price_table_change_never_rewrites_old_quotes(backend: Backend) -> None:
     db = backend.open("usage", migrated="usage")
     old, new = table(PRICES_V1), table(PRICES_V2)
-    db.transact(lambda tx: u.record_prices(tx, old))
-    db.transact(lambda tx: u.apply_receipt(tx, "receipt:a", {**request("a"), "usage": usage(1000, 0)}, old))
-    db.transact(lambda tx: u.record_prices(tx, new))
-    db.transact(lambda tx: u.record_prices(tx, old))  # reloading an old table changes nothing
-    db.transact(lambda tx: u.apply_receipt(tx, "receipt:b", {**request("b"), "usage": usage(1000, 0)}, new))
-    db.transact(lambda tx: u.apply_receipt(tx, "receipt:a", {**request("a"), "usage": usage(1000, 0)}, new))  # a retry
+    db.transact(lambda tx: u.record_prices(tx, old.version, old.model_prices()))
+    db.transact(lambda tx: ledger.apply_receipt(tx, "receipt:a", {**request("a"), "usage": usage(1000, 0)}, old))
+    db.transact(lambda tx: u.record_prices(tx, new.version, new.model_prices()))
+    db.transact(lambda tx: u.record_prices(tx, old.version, old.model_prices()))  # reloading an old table changes nothing
+    db.transact(lambda tx: ledger.apply_receipt(tx, "receipt:b", {**request("b"), "usage": usage(1000, 0)}, new))
+    db.transact(lambda tx: ledger.apply_receipt(tx, "receipt:a", {**request("a"), "usage": usage(1000, 0)}, new))  # a retry
     rows = db.transact(lambda tx: tx.all("SELECT request_id, price_version, cost_usd FROM receipts ORDER BY request_id"),
                        write=False)
     assert [(r["request_id"], r["price_version"]) for r in rows] == [("a", old.version), ("b", new.version)]

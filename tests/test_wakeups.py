@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, Listener, Notifier
 from jupyter_goals.identity import host_name
 from jupyter_goals.recovery.coordinator import Coordinator
 from jupyter_goals.runtime.tools import ToolRegistry
+from jupyter_goals.runtime.worker import Worker
 from jupyter_goals.store import control as c
 from jupyter_goals.store.db import Database, Tx
-from jupyter_goals.store.notify import ADMISSION, ATTEMPTS, Listener, Notifier
 from jupyter_goals.store.schema import migrate
-from jupyter_goals.worker import Worker
 from tests.storekit import PG_ADMIN_URL, Backend
 
 
@@ -170,7 +170,7 @@ async def test_a_listener_without_its_socket_still_wakes_on_its_tick(tmp_path: P
 POSTGRESQL_ONLY = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 NOTIFY_FROM_ANOTHER_PROCESS = """
 import sys
-from jupyter_goals.store.notify import Notifier
+from jupyter_goals.host.wake import Notifier
 notifier = Notifier(sys.argv[1], url=sys.argv[2])
 assert notifier.notify(sys.argv[3]) == 0  # no listener shares this state dir: only NOTIFY reaches one
 notifier.close(flush_s=30)

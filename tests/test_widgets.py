@@ -30,7 +30,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def kernel(server: ServerProcess) -> Iterator[Kernel]:
     k = Kernel(kernel_env(server, None), server.root_dir)
     try:
-        out = k.run("from jupyter_goals.notebook.widgets import GoalWidget, ApprovalWidget, HistoryWidget\n"
+        out = k.run("from jupyter_goals.clients.notebook.widgets import GoalWidget, ApprovalWidget, HistoryWidget\n"
                     "import json, time\n"
                     "def until(check, timeout=20):\n"
                     "    end = time.monotonic() + timeout\n"
@@ -149,7 +149,7 @@ def test_history_widget_details_button_shows_the_record_and_hides_it_again(kerne
     assert value(kernel, "[e.opened, e.details.value]") == [False, ""]
 
     # a record the server does not have: its 404 is said in the entry, no traceback
-    out = kernel.run("from jupyter_goals.notebook.widgets import HistoryEntry\n"
+    out = kernel.run("from jupyter_goals.clients.notebook.widgets import HistoryEntry\n"
                      "m = HistoryEntry({'record_id': 'hist_missing', 'state': 'achieved', 'snapshot': {}}, h.client)\n"
                      "m.details_button.click()")
     assert not errors(out), errors(out)
@@ -163,7 +163,7 @@ def test_chat_widget_shows_the_answer_when_it_arrives(kernel: Kernel, server: Se
     model = write_script(tmp_path / "slow.json", [], default={"text": "still working", "delay_s": 3})
     sid = client.create_session(title="chat widget", model=model)["session_id"]
     sent = client.send(sid, "hello widget")
-    out = kernel.run(f"from jupyter_goals.notebook.widgets import ChatWidget\n"
+    out = kernel.run(f"from jupyter_goals.clients.notebook.widgets import ChatWidget\n"
                      f"c = ChatWidget({sid!r}, {sent['work_id']!r})\ndisplay(c)")
     assert not errors(out), errors(out)
     assert value(kernel, "c.phase") != "done"  # the answer takes 3 s

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jupyter_goals import budget, paid
 from jupyter_goals.faults import crash_point
 from jupyter_goals.goals import lifecycle, rules
 from jupyter_goals.goals.hooks import back_to_work
@@ -36,10 +35,11 @@ from jupyter_goals.models import (
     Verdict,
     reason_text,
 )
-from jupyter_goals.prices import PriceTable
 from jupyter_goals.store import control as c
 from jupyter_goals.store import goals as g
 from jupyter_goals.store.db import Database, Row, Tx
+from jupyter_goals.usage import budget, paid
+from jupyter_goals.usage.prices import PriceTable
 
 REQUIREMENTS_PROMPT = (
     "Extract the verifiable requirements of the user's Goal. Call record_requirements with"

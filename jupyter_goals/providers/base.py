@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from jupyter_goals.models import ModelSpec, ProviderRequest, ProviderResponse, ReasonCode, Usage
-from jupyter_goals.named_models import named_from_env
+from jupyter_goals.providers.named import named_from_env
 
 ChunkCallback = Callable[[str], Awaitable[None] | None]
 UsageCallback = Callable[[Usage], Awaitable[None] | None]

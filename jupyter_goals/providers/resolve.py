@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 
 from jupyter_goals.models import ModelSpec, ReasonCode
-from jupyter_goals.named_models import named_from_env
 from jupyter_goals.providers.anthropic import AnthropicProvider
 from jupyter_goals.providers.base import Provider, ProviderUnavailable
+from jupyter_goals.providers.named import named_from_env
 from jupyter_goals.providers.openai_compat import OpenAICompatProvider
 from jupyter_goals.providers.scripted import ScriptedProvider
 

@@ -17,17 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from jupyter_goals import budget
 from jupyter_goals.config import GoalsConfig
-from jupyter_goals.effect_files import (
+from jupyter_goals.faults import crash_point
+from jupyter_goals.goals.lifecycle import goal_wait
+from jupyter_goals.host.effect_files import (
     cancel_shell,
     cancelled_result_text,
     recovered_result_text,
     shell_alive,
     shell_result_text,
 )
-from jupyter_goals.faults import crash_point
-from jupyter_goals.goals.lifecycle import goal_wait
+from jupyter_goals.host.secrecy import Redactor
 from jupyter_goals.identity import ProcessIdentity
 from jupyter_goals.models import (
     DesiredState,
@@ -38,15 +38,15 @@ from jupyter_goals.models import (
     RecoveryMode,
     TurnState,
 )
-from jupyter_goals.prices import PriceTable
 from jupyter_goals.providers.resolve import check_model
 from jupyter_goals.recovery.decide import Action, Owner, RecoveryFacts, decide, repair_mode
 from jupyter_goals.recovery.repair import late_receipt_text, placeholder_text
-from jupyter_goals.secrecy import Redactor
 from jupyter_goals.store import control as c
 from jupyter_goals.store import recovery as rs
 from jupyter_goals.store import waits
 from jupyter_goals.store.db import Database, Row, Tx, VersionConflict
+from jupyter_goals.usage import budget
+from jupyter_goals.usage.prices import PriceTable
 
 
 @dataclass

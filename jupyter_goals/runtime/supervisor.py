@@ -1,4 +1,4 @@
-"""The worker supervisor: starts ``python -m jupyter_goals.worker`` processes, reaps them, reports
+"""The worker supervisor: starts ``python -m jupyter_goals.runtime.worker`` processes, reaps them, reports
 each exit to the Coordinator (a reaped worker is a confirmed death) and restarts it."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class Supervisor:
         worker_id = f"w_{uuid.uuid4().hex[:12]}"
         cfg = self.config
         args = [
-            sys.executable, "-m", "jupyter_goals.worker", "--worker-id", worker_id,
+            sys.executable, "-m", "jupyter_goals.runtime.worker", "--worker-id", worker_id,
             "--control-url", cfg.control_url, "--state-dir", cfg.state_dir, "--capacity", str(cfg.capacity),
             "--heartbeat-s", str(cfg.heartbeat_s), "--lease-ttl-s", str(cfg.lease_ttl_s),
             "--default-model", cfg.default_model, "--trusted-tools", json.dumps(cfg.trusted_tools),

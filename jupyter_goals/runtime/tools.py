@@ -22,17 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jupyter_goals.effect_files import (
+from jupyter_goals.goals import tools as state_tools
+from jupyter_goals.goals.tools import StateImpl
+from jupyter_goals.host.effect_files import (
     clip,
     shell_result_text,
 )
-from jupyter_goals.goals import tools as state_tools
-from jupyter_goals.goals.tools import StateImpl
+from jupyter_goals.host.secrecy import tool_environment
 from jupyter_goals.identity import boot_id, process_start_time
 from jupyter_goals.models import Capability
 from jupyter_goals.runtime import subtasks
 from jupyter_goals.runtime.permissions import READ_ARGUMENTS, ReadFence
-from jupyter_goals.secrecy import tool_environment
 
 
 @dataclass

@@ -19,13 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from jupyter_goals import budget, paid
-from jupyter_goals.effect_files import cancel_shell, cancelled_result_text, recovered_result_text, wait_shell
 from jupyter_goals.faults import crash_point
 from jupyter_goals.goals import acceptance as goal_acceptance
 from jupyter_goals.goals import hooks as goal_hooks
 from jupyter_goals.goals import lifecycle as goal_lifecycle
 from jupyter_goals.goals import tools as goal_tools
+from jupyter_goals.host.effect_files import (
+    cancel_shell,
+    cancelled_result_text,
+    recovered_result_text,
+    wait_shell,
+)
+from jupyter_goals.host.secrecy import Redactor
 from jupyter_goals.models import (
     Capability,
     EffectState,
@@ -40,8 +45,7 @@ from jupyter_goals.models import (
     TurnState,
     WorkKind,
 )
-from jupyter_goals.prices import PriceTable
-from jupyter_goals.providers.catalog import named_from_env
+from jupyter_goals.providers.named import named_from_env
 from jupyter_goals.recovery.repair import IncrementalHistory
 from jupyter_goals.runtime.drafts import DraftStream
 from jupyter_goals.runtime.permissions import CallFacts, ReadFence, check_call, read_fence, secret_places
@@ -56,10 +60,11 @@ from jupyter_goals.runtime.tools import (
     trusted_probe,
     trusted_state_tool,
 )
-from jupyter_goals.secrecy import Redactor
 from jupyter_goals.store import control as c
 from jupyter_goals.store import waits
 from jupyter_goals.store.db import Database, FencedError, Row, Tx
+from jupyter_goals.usage import budget, paid
+from jupyter_goals.usage.prices import PriceTable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

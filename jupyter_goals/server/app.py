@@ -13,7 +13,7 @@ from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default, validate
 
 from jupyter_goals.config import GoalsConfig
-from jupyter_goals.secrecy import allow_entry_problem
+from jupyter_goals.host.secrecy import allow_entry_problem
 from jupyter_goals.server import guard
 from jupyter_goals.server.handlers import handlers
 from jupyter_goals.server.service import GoalsService
@@ -22,7 +22,7 @@ CONTENTS_EVENTS = "https://events.jupyter.org/jupyter_server/contents_service/v1
 
 
 def demo_model() -> str:
-    return "scripted:" + str(files("jupyter_goals") / "demo" / "demo_script.json")
+    return "scripted:" + str(files("jupyter_goals") / "data" / "demo_script.json")
 
 
 class GoalsApp(ExtensionApp):

@@ -34,9 +34,9 @@ from jupyter_goals.models import (
     UpdateGoal,
     UpdateSession,
 )
-from jupyter_goals.providers.catalog import UnknownModel
 from jupyter_goals.server import guard, openapi
 from jupyter_goals.server.bodies import BodyRefused, parse_body
+from jupyter_goals.server.catalog import UnknownModel
 from jupyter_goals.server.service import LATEST, Degraded, GoalsService, decode_cursor, notebook_api_path
 from jupyter_goals.store.db import FencedError, NotFound, StorageUnavailable, VersionConflict
 

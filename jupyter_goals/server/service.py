@@ -20,10 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from jupyter_goals import budget as budgets
 from jupyter_goals import faults
 from jupyter_goals.config import GoalsConfig
 from jupyter_goals.goals import lifecycle as goal_lifecycle
+from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, Listener, Notifier
 from jupyter_goals.identity import boot_id, host_name
 from jupyter_goals.models import (
     REASON_TEXT,
@@ -42,20 +42,20 @@ from jupyter_goals.models import (
     UpdateSession,
     reason_text,
 )
-from jupyter_goals.prices import PriceTable, PriceTableError, load_price_table
-from jupyter_goals.providers import catalog
 from jupyter_goals.recovery.coordinator import Coordinator, RecoveryReport
 from jupyter_goals.runtime.supervisor import Supervisor, WorkerConfig
 from jupyter_goals.runtime.tools import ToolRegistry, cancellable
+from jupyter_goals.server import catalog
 from jupyter_goals.store import control as c
 from jupyter_goals.store import goals as goal_store
 from jupyter_goals.store import known, notebooks, recovery_passes, waits
 from jupyter_goals.store import usage as u
 from jupyter_goals.store.db import Database, MigrationFailed, Row, StorageUnavailable, Tx
 from jupyter_goals.store.events import EventTail
-from jupyter_goals.store.notify import ADMISSION, ATTEMPTS, Listener, Notifier
-from jupyter_goals.store.outbox import OutboxDispatcher
 from jupyter_goals.store.schema import created_at, current_version, migrate, quick_check
+from jupyter_goals.usage import budget as budgets
+from jupyter_goals.usage.ledger import OutboxDispatcher
+from jupyter_goals.usage.prices import PriceTable, PriceTableError, load_price_table
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -349,7 +349,7 @@ class GoalsService:
             self._usage_retry_at = time.monotonic() + 5.0
             return False
         try:
-            await self.usage.run(lambda tx: u.record_prices(tx, self.prices))
+            await self.usage.run(lambda tx: u.record_prices(tx, self.prices.version, self.prices.model_prices()))
         except StorageUnavailable as exc:
             self.usage_degraded = str(exc)
             self._usage_retry_at = time.monotonic() + 5.0

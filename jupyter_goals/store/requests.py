@@ -17,13 +17,13 @@ import time
 from typing import Any
 
 from jupyter_goals.models import Usage
-from jupyter_goals.prices import PriceTable
 from jupyter_goals.store import shared
 from jupyter_goals.store.db import NotFound, Row, Tx
 
 __all__ = [
     "record_request",
     "settle_request",
+    "request_model",
     "lose_requests",
     "lose_request",
     "failed_request_count",
@@ -75,16 +75,21 @@ def _attribution(tx: Tx, request_id: str, work: Row | None = None) -> dict[str, 
     }
 
 
+def request_model(tx: Tx, request_id: str) -> str | None:
+    """The model a recorded request was sent to (what its caller prices it with)."""
+    row = tx.one("SELECT model FROM requests WHERE request_id = ?", (request_id,))
+    return str(row["model"]) if row else None
+
+
 def settle_request(
     tx: Tx, request_id: str, usage: dict[str, Any] | None, *, error: str | None = None, partial: bool = False,
-    prices: PriceTable | None = None,
+    cost_usd: float | None = None,
 ) -> None:
     """The provider answered (or failed after reporting usage): one receipt, same key on every retry.
-    The request row keeps what it consumed (tokens, and the quote when the price is known) for the
-    hard-budget checks, which must not wait for the ledger."""
+    The request row keeps what it consumed (tokens, and ``cost_usd``, the quote its caller priced, when
+    the price is known) for the hard-budget checks, which must not wait for the ledger."""
     known = Usage.model_validate(usage) if usage else None
-    row = tx.one("SELECT model FROM requests WHERE request_id = ?", (request_id,))
-    cost = prices.quote(str(row["model"]), known) if (known is not None and prices is not None and row) else None
+    cost = cost_usd if known is not None else None
     tx.execute(
         "UPDATE requests SET state = ?, error = ?, ended_at = ?, usage_known = ?, partial = ?, tokens = ?, cost_usd = ?"
         " WHERE request_id = ?",

@@ -17,14 +17,33 @@ Totals are always computed from these rows, so a restart rebuilds them from the 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from jupyter_goals.models import Usage
-from jupyter_goals.prices import PriceTable
 from jupyter_goals.store.db import Row, Tx
 
 ATTRIBUTION = ("request_id", "attempt_id", "session_id", "work_id", "turn_id", "goal_id", "goal_revision", "job_id",
                "reservation_id", "parent_request_id", "purpose", "provider", "model", "service_tier")
+
+
+@dataclass(frozen=True)
+class Quote:
+    """A receipt's cost as priced by its caller (``usage/prices.py``), with the price table version used."""
+
+    cost_usd: float
+    price_version: str
+
+
+@dataclass(frozen=True)
+class PriceRecord:
+    """One model's known prices in one price table version (USD per million tokens), as usage.db keeps them."""
+
+    model: str
+    input_usd_per_mtok: float
+    output_usd_per_mtok: float
+    cached_input_usd_per_mtok: float | None
 
 
 def _ensure_request(tx: Tx, r: dict[str, Any], state: str) -> None:
@@ -50,11 +69,11 @@ def apply_lost(tx: Tx, r: dict[str, Any]) -> None:
     tx.execute("UPDATE requests SET state = 'lost' WHERE request_id = ? AND state = 'sent'", (r["request_id"],))
 
 
-def apply_receipt(tx: Tx, op_key: str, r: dict[str, Any], prices: PriceTable | None = None) -> bool:
-    """Insert the receipt once, priced with the current table; returns False when it was already applied."""
+def apply_receipt(tx: Tx, op_key: str, r: dict[str, Any], quote: Quote | None = None) -> bool:
+    """Insert the receipt once with the ``quote`` its caller priced (None: price unknown); returns False
+    when it was already applied (the first quote stays: a receipt is never priced again)."""
     raw = r.get("usage")
     usage = Usage.model_validate(raw) if raw else None
-    cost = prices.quote(str(r.get("model") or ""), usage) if (prices is not None and usage is not None) else None
     _ensure_request(tx, r, "settled")
     n = tx.execute(
         "INSERT INTO receipts (receipt_key, request_id, attempt_id, session_id, work_id, turn_id, goal_id, goal_revision,"
@@ -79,8 +98,8 @@ def apply_receipt(tx: Tx, op_key: str, r: dict[str, Any], prices: PriceTable | N
             usage.input_tokens if usage else 0,
             usage.output_tokens if usage else 0,
             usage.cached_tokens if usage else 0,
-            prices.version if (prices is not None and cost is not None) else None,
-            cost,
+            quote.price_version if quote is not None else None,
+            quote.cost_usd if quote is not None else None,
             r.get("created_at", time.time()),
             time.time(),
         ),
@@ -93,14 +112,14 @@ def apply_receipt(tx: Tx, op_key: str, r: dict[str, Any], prices: PriceTable | N
     return n == 1
 
 
-def record_prices(tx: Tx, prices: PriceTable) -> None:
+def record_prices(tx: Tx, version: str, prices: Iterable[PriceRecord]) -> None:
     """Keep the known prices of a table version (insert-if-absent: an old version is never rewritten)."""
     now = time.time()
-    for model, p in prices.models.items():
+    for p in prices:
         tx.execute(
             "INSERT INTO prices (price_version, model, input_usd_per_mtok, output_usd_per_mtok,"
             " cached_input_usd_per_mtok, loaded_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (price_version, model) DO NOTHING",
-            (prices.version, model, p.input_usd_per_mtok, p.output_usd_per_mtok, p.cached_input_usd_per_mtok, now),
+            (version, p.model, p.input_usd_per_mtok, p.output_usd_per_mtok, p.cached_input_usd_per_mtok, now),
         )
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from jupyter_goals.notebook.client import GoalsClient
+from jupyter_goals.clients.rest import GoalsClient
 
 # Ports for the servers tests start: below the kernel's ephemeral range (32768-60999 here), so no outgoing
 # connection holds one, and a block of its own per pytest-xdist worker, so two workers never pick the same

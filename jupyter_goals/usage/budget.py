@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyter_goals.models import GoalState, Phase, ReasonCode, Usage
-from jupyter_goals.prices import PriceTable
 from jupyter_goals.store import control as c
 from jupyter_goals.store import goals as g
 from jupyter_goals.store.db import Row, Tx
+from jupyter_goals.usage.prices import PriceTable
 
 LEDGER_KEY = "usage_ledger"  # server_state: "" while usage.db is written, else why it is not
 RESERVATION_TTL_S = 60.0  # an unstarted reservation older than this cannot dispatch

@@ -19,13 +19,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from jupyter_goals import budget
 from jupyter_goals.models import DesiredState, ProviderRequest, ProviderResponse, Purpose, ReasonCode, Usage
-from jupyter_goals.prices import PriceTable
 from jupyter_goals.providers.base import ProviderError, ProviderUnavailable, requested_service_tier
 from jupyter_goals.providers.resolve import resolve_provider
 from jupyter_goals.store import control as c
 from jupyter_goals.store.db import Database, Row, Tx
+from jupyter_goals.usage import budget
+from jupyter_goals.usage.prices import PriceTable
 
 T = TypeVar("T")
 STOP_POLL_S = 0.2  # how often an open model request checks for a stop of its work (one indexed read)
@@ -130,9 +130,16 @@ async def call(request: ProviderRequest, model: str, *, reserved_until: float,
     return out
 
 
+def _cost(tx: Tx, request_id: str, usage: Usage | None, prices: PriceTable | None) -> float | None:
+    """The quote of a request's usage with the worker's price table (None: usage or price unknown)."""
+    model = c.request_model(tx, request_id) if (usage is not None and prices is not None) else None
+    return prices.quote(model, usage) if (prices is not None and usage is not None and model is not None) else None
+
+
 def settle_answer(tx: Tx, request_id: str, response: ProviderResponse, prices: PriceTable | None) -> None:
     """The answered request's receipt (committed with what the answer changes)."""
-    c.settle_request(tx, request_id, response.usage.model_dump() if response.usage else None, prices=prices)
+    used = response.usage
+    c.settle_request(tx, request_id, used.model_dump() if used else None, cost_usd=_cost(tx, request_id, used, prices))
 
 
 def settle(tx: Tx, request_id: str, outcome: Outcome, prices: PriceTable | None) -> None:
@@ -141,8 +148,9 @@ def settle(tx: Tx, request_id: str, outcome: Outcome, prices: PriceTable | None)
         settle_answer(tx, request_id, outcome.response, prices)
     elif outcome.stopped:
         if outcome.watermark:
-            c.settle_request(tx, request_id, outcome.watermark[0].model_dump(), error=STOPPED_ERROR, partial=True,
-                             prices=prices)
+            used = outcome.watermark[0]
+            c.settle_request(tx, request_id, used.model_dump(), error=STOPPED_ERROR, partial=True,
+                             cost_usd=_cost(tx, request_id, used, prices))
         else:
             c.lose_request(tx, request_id, STOPPED_ERROR)
     elif outcome.failure is not None:
@@ -150,4 +158,5 @@ def settle(tx: Tx, request_id: str, outcome: Outcome, prices: PriceTable | None)
         if f.used is None:
             c.lose_request(tx, request_id, f.error)
         else:  # a stream lost after a usage snapshot consumed at least that much: a lower bound
-            c.settle_request(tx, request_id, f.used.model_dump(), error=f.error, partial=f.partial, prices=prices)
+            c.settle_request(tx, request_id, f.used.model_dump(), error=f.error, partial=f.partial,
+                             cost_usd=_cost(tx, request_id, f.used, prices))

@@ -1,4 +1,4 @@
-"""The worker process (the "JobRunner"): ``python -m jupyter_goals.worker``.
+"""The worker process (the "JobRunner"): ``python -m jupyter_goals.runtime.worker``.
 
 It registers with a new generation, heartbeats its lease, claims admitted attempts and runs them
 concurrently up to its capacity. It never decides recovery. It looks for an attempt to claim when
@@ -21,18 +21,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jupyter_goals import faults
+from jupyter_goals.host.secrecy import Redactor
+from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, Listener, Notifier
 from jupyter_goals.identity import ProcessIdentity
-from jupyter_goals.prices import PriceTable, PriceTableError, load_price_table
 from jupyter_goals.providers.base import key_file_secrets
 from jupyter_goals.runtime.tools import ToolRegistry
 from jupyter_goals.runtime.turn import HistoryCache, TurnRunner
-from jupyter_goals.secrecy import Redactor
 from jupyter_goals.store import control as c
 from jupyter_goals.store import recovery as rs
 from jupyter_goals.store.db import Database, Row, StorageUnavailable, Tx
-from jupyter_goals.store.notify import ADMISSION, ATTEMPTS, Listener, Notifier
+from jupyter_goals.usage.prices import PriceTable, PriceTableError, load_price_table
 
-log = logging.getLogger("jupyter_goals.worker")
+log = logging.getLogger("jupyter_goals.runtime.worker")
 ATTEMPT_CRASHED_EXIT = 70  # EX_SOFTWARE: an attempt failed part-way; its recovery follows from the exit
 
 
@@ -196,7 +196,7 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m jupyter_goals.worker")
+    p = argparse.ArgumentParser(prog="python -m jupyter_goals.runtime.worker")
     p.add_argument("--worker-id", required=True)
     p.add_argument("--control-url", required=True)
     p.add_argument("--state-dir", required=True)

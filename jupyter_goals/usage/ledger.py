@@ -12,16 +12,25 @@ from collections.abc import Callable
 from typing import Any
 
 from jupyter_goals.faults import crash_point
-from jupyter_goals.prices import PriceTable, load_price_table
+from jupyter_goals.models import Usage
 from jupyter_goals.store import control as c
 from jupyter_goals.store import usage as u
 from jupyter_goals.store.db import Database, Tx
+from jupyter_goals.usage.prices import PriceTable, load_price_table
 
 log = logging.getLogger(__name__)
 
 
 def backoff(attempts: int, base: float = 0.5, cap: float = 60.0) -> float:
     return float(min(cap, base * 2**attempts))
+
+
+def apply_receipt(tx: Tx, op_key: str, payload: dict[str, Any], prices: PriceTable) -> bool:
+    """A ``usage.receipt`` operation: priced once, with ``prices`` as they are now, and inserted once
+    (False when it was already applied: its first quote stays)."""
+    raw = payload.get("usage")
+    quote = prices.receipt_quote(str(payload.get("model") or ""), Usage.model_validate(raw) if raw else None)
+    return u.apply_receipt(tx, op_key, payload, quote)
 
 
 class OutboxDispatcher:
@@ -68,7 +77,7 @@ class OutboxDispatcher:
 
     def _apply(self, tx: Tx, kind: str, key: str, payload: dict[str, Any]) -> None:
         if kind == "usage.receipt":
-            u.apply_receipt(tx, key, payload, self.prices)
+            apply_receipt(tx, key, payload, self.prices)
         elif kind == "usage.request":
             u.apply_request(tx, payload)
         elif kind == "usage.lost":

@@ -14,9 +14,9 @@ import os
 from collections.abc import Mapping
 
 from jupyter_goals.models import ModelInfo, ModelSpec
-from jupyter_goals.named_models import NAMED_ENV, model_string, named_from_env, parse_specs
-from jupyter_goals.prices import PriceTable
 from jupyter_goals.providers.base import DEFAULT_KEY_ENV, key_required, read_key
+from jupyter_goals.providers.named import NAMED_ENV, model_string, named_from_env, parse_specs
+from jupyter_goals.usage.prices import PriceTable
 
 __all__ = ["NAMED_ENV", "ModelCatalog", "UnknownModel", "model_string", "named_from_env", "parse_specs"]
 

@@ -33,18 +33,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from jupyter_goals.store import channels as channels_pg
 from jupyter_goals.store.db import dialect_of, pg_connect, pg_connect_async
 
 log = logging.getLogger(__name__)
 
 ADMISSION = "admission"
 ATTEMPTS = "attempts"
-PG_CHANNEL_PREFIX = "jupyter_goals_"
-
-
-def pg_channel(channel: str) -> str:
-    """The PostgreSQL ``LISTEN`` / ``NOTIFY`` channel of a wake-up channel."""
-    return PG_CHANNEL_PREFIX + channel
 
 _MAX_PATH = 100  # sun_path holds 108 bytes; a longer state dir is reached through /proc/self/fd
 
@@ -118,8 +113,7 @@ class _PgSender:
             try:
                 if conn is None:
                     conn = pg_connect(self._url, application_name=f"jupyter_goals-notify-{os.getpid()}")
-                conn.execute("SELECT " + ", ".join(["pg_notify(%s, '')"] * len(channels)),
-                             [pg_channel(ch) for ch in channels])
+                channels_pg.notify(conn, channels)
                 return conn
             except Exception as exc:
                 _close_quietly(conn)
@@ -238,14 +232,12 @@ class Listener:
 
     async def _listen_pg(self) -> None:
         """``LISTEN`` on a connection of its own until closed; a lost connection is opened again."""
-        from psycopg import sql
-
         delay, failing = 0.5, False
         while True:
             conn: Any = None
             try:
                 conn = await pg_connect_async(self._url, application_name=f"jupyter_goals-listen-{self.name}")
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(pg_channel(self.channel))))
+                await channels_pg.listen(conn, self.channel)
                 self.pg_listens += 1
                 if failing:
                     log.info("wake-ups of %s over PostgreSQL listening again", self.name)

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from jupyter_goals.notebook.client import GoalsClient
+from jupyter_goals.clients.rest import GoalsClient
 from jupyter_goals.server.app import demo_model
 from jupyter_goals.testing.servers import ServerProcess
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import ipywidgets as w
 
-from jupyter_goals.notebook import cards
-from jupyter_goals.notebook.client import GoalsClient, GoalsError
+from jupyter_goals.clients.notebook import cards
+from jupyter_goals.clients.rest import GoalsClient, GoalsError
 
 GOAL_BUTTONS = (("pause", "Pause"), ("resume", "Resume"), ("verify", "Verify"), ("end", "End"))
 POLL_S = 0.5

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_goals.config import GoalsConfig
+from jupyter_goals.host.wake import ADMISSION, Notifier
 from jupyter_goals.store import control as c
 from jupyter_goals.store import known
 from jupyter_goals.store.db import Database, MigrationFailed, StorageUnavailable
-from jupyter_goals.store.notify import ADMISSION, Notifier
 from jupyter_goals.store.schema import current_version, migrate, quick_check
 
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--dir", help="where to keep the demo's state and workspace (default: a new temp dir)")
     args = p.parse_args(argv)
     if args.command == "demo":
-        from jupyter_goals.demo.crash_demo import run_demo
+        from jupyter_goals.clients.demo import run_demo
 
         return run_demo(args.dir)
     state, control_url, usage_url = _config(args)
@@ -128,10 +128,10 @@ def server_config(state: Path, control_url: str, usage_url: str) -> GoalsConfig:
 
 async def recover(db: Database, cfg: GoalsConfig, explain: bool) -> int:
     """The server's Coordinator, built from the server's configuration, on the same stores."""
-    from jupyter_goals.prices import PriceTableError, load_price_table
-    from jupyter_goals.providers import catalog
     from jupyter_goals.recovery.coordinator import Coordinator
     from jupyter_goals.runtime.tools import ToolRegistry
+    from jupyter_goals.server import catalog
+    from jupyter_goals.usage.prices import PriceTableError, load_price_table
 
     try:
         prices = load_price_table(cfg.price_table or None)

@@ -39,8 +39,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from jupyter_goals.notebook import cards
-from jupyter_goals.notebook.client import GoalsClient, GoalsError, ServerNotFound
+from jupyter_goals.clients.notebook import cards
+from jupyter_goals.clients.rest import GoalsClient, GoalsError, ServerNotFound
 
 ACTIONS = ("pause", "resume", "verify", "end")
 DISPLAY_MODES = ("mime", "widget")
@@ -305,7 +305,7 @@ class GoalMagics(Magics):
 
     # ------------------------------------------------------------------ display
     def _widgets(self) -> Any:
-        from jupyter_goals.notebook import widgets  # ipywidgets only when asked for
+        from jupyter_goals.clients.notebook import widgets  # ipywidgets only when asked for
 
         return widgets
 

@@ -35,7 +35,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jupyter_goals.models import Usage
-from jupyter_goals.named_models import model_string, named_from_env
+from jupyter_goals.providers.named import model_string, named_from_env
+from jupyter_goals.store.usage import PriceRecord, Quote
 
 _DATED = re.compile(r"-(\d{8}|\d{4}-\d{2}-\d{2})$")
 DEFAULT_TIERS = frozenset({"default", "standard", "auto"})  # what providers call their ordinary tier
@@ -93,6 +94,16 @@ class PriceTable:
         if found is None and provider in self.free_providers:
             return ModelPrice(input_usd_per_mtok=0, output_usd_per_mtok=0)
         return found
+
+    def receipt_quote(self, model: str, usage: Usage | None) -> Quote | None:
+        """What the ledger records for a receipt: its cost with this table's version, or None (unknown)."""
+        cost = self.quote(model, usage) if usage is not None else None
+        return Quote(cost, self.version) if cost is not None else None
+
+    def model_prices(self) -> list[PriceRecord]:
+        """The table's known prices, as usage.db keeps them per version."""
+        return [PriceRecord(model, p.input_usd_per_mtok, p.output_usd_per_mtok, p.cached_input_usd_per_mtok)
+                for model, p in self.models.items()]
 
     def quote(self, model: str, usage: Usage) -> float | None:
         """The cost of ``usage`` in USD, or None when the model's (or its service tier's) price is unknown."""

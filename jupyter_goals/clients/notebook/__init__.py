@@ -1,0 +1,1 @@
+"""The notebook side: ``%goal`` / ``%chat`` magics, id-only MIME cards and ipywidgets, over ``clients.rest``."""

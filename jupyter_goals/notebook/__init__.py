@@ -1,1 +1,0 @@
-"""Notebook side: the REST client (Python Workflow API); magics and MIME cards build on it."""
