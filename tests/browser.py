@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -33,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.servers import free_port, write_script
+from jupyter_goals.testing.servers import ServerProcess
+from tests.servers import write_script
 
 if TYPE_CHECKING:  # playwright is imported lazily so that a missing browser can skip cleanly
     from playwright.sync_api import Browser, ConsoleMessage, Locator, Page
@@ -80,33 +79,31 @@ def _build_id(path: Path) -> str:
     return str(data.get("jupyterlab", {}).get("_build", {}).get("load", ""))
 
 
-@dataclass
-class LabServer:
-    """A running ``jupyter lab`` subprocess on 127.0.0.1."""
+class LabServer(ServerProcess):
+    """A running ``jupyter lab`` subprocess on 127.0.0.1: ``jupyter_goals.testing``'s ``ServerProcess``
+    (kill -9 of its process group, restart on the same port) with the product's own settings (no fast
+    test defaults), the default demo model, and the helpers the browser tests use."""
 
-    proc: subprocess.Popen[bytes]
-    port: int
-    token: str
-    root_dir: Path
-    state_dir: Path
-    log_path: Path
-    labextension: Path
-    cmd: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
+    def __init__(self, tmp: Path, labextension: Path, args: list[str], env: dict[str, str]) -> None:
+        super().__init__(tmp / "state", tmp / "root", model=None, extra=args, env=env, app="jupyterlab", fast=False,
+                         ready="status", log_path=tmp / "jupyter-lab.log")
+        self.labextension = labextension
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment added at each (re)start: a test may change it before ``restart``."""
+        return self.env_extra
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.url.rstrip("/")
 
     @property
     def lab_url(self) -> str:
         return f"{self.base_url}/lab?token={self.token}"
 
     def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        return self.log()[-chars:]
 
     def request(self, method: str, path: str, body: Any = None, timeout: float = 10) -> tuple[int, Any]:
         """Call the server's REST API with token auth; returns (status, parsed JSON or text)."""
@@ -128,48 +125,30 @@ class LabServer:
         except ValueError:
             return status, text
 
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last = ""
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"jupyter lab exited with {self.proc.returncode} before it was ready:\n{self.log_tail()}"
-                )
-            try:
-                status, _ = self.request("GET", "api/status", timeout=2)
-                if status == 200:
-                    return
-                last = f"HTTP {status}"
-            except OSError as err:
-                last = str(err)
-            time.sleep(0.25)
-        raise TimeoutError(f"jupyter lab not ready after {timeout}s ({last}):\n{self.log_tail()}")
-
     def kill(self) -> None:
-        """``kill -9`` the server (its workers die with it; detached tool processes live on)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
+        """``kill -9`` of the server process alone, as ``pkill -9 -f jupyter-lab`` in the README's tour: its
+        workers are orphaned (and end when they find it gone); detached tool processes live on."""
+        if self.proc is None:
+            return
+        self.proc.kill()
         self.proc.wait(10)
+        self.proc = None
+        self._log.close()
 
     def restart(self, ready_timeout: float = 90) -> None:
         """Start the same server again: same port, token, root, state and config dirs."""
-        assert self.proc.poll() is not None, "restart() needs the old process gone: kill() or stop() first"
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.cmd, cwd=self.root_dir, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        self.wait_ready(ready_timeout)
+        assert self.proc is None, "restart() needs the old process gone: kill() or stop() first"
+        self.start(same_port=True, timeout=ready_timeout)
 
-    def stop(self, timeout: float = 15) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+    def stop(self, timeout: float = 15) -> int:
+        """A graceful exit (SIGTERM); kill -9 of the group if it does not end in ``timeout``."""
+        if self.proc is None:
+            return 0
+        try:
+            return super().stop(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
 
 
 @contextmanager
@@ -230,27 +209,14 @@ def run_jupyter_lab(
         # environment's own (which a venv ranks above the user's config dir).
         args.append("--ServerApp.jpserver_extensions=jupyter_goals=False")
 
-    port, token = free_port(), secrets.token_hex(16)
-    cmd = [
-        sys.executable,
-        "-m",
-        "jupyterlab",
-        "--allow-root",
-        "--no-browser",
+    args += [
         "--ip=127.0.0.1",
-        f"--port={port}",
-        "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={token}",
-        f"--ServerApp.root_dir={root_dir}",
         "--LabApp.expose_app_in_browser=True",
         "--LabApp.news_url=",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        *args,
         *extra_args,
     ]
     proc_env = {
-        **os.environ,
-        "JUPYTER_GOALS_STATE_DIR": str(state_dir),
         "JUPYTER_CONFIG_DIR": str(config_dir),
         "JUPYTER_DATA_DIR": str(data_dir),
         "JUPYTER_RUNTIME_DIR": str(runtime_dir),
@@ -258,14 +224,9 @@ def run_jupyter_lab(
         "PYTHONUNBUFFERED": "1",
         **(env or {}),
     }
-    log_path = tmp / "jupyter-lab.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=root_dir, env=proc_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
-    server = LabServer(proc, port, token, root_dir, state_dir, log_path, labextension, cmd, proc_env)
+    server = LabServer(tmp, labextension, args, proc_env)
     try:
-        server.wait_ready(ready_timeout)
+        server.start(timeout=ready_timeout)
         yield server
     finally:
         server.stop()

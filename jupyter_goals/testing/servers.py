@@ -56,71 +56,82 @@ def write_script(path: Path, rules: list[dict[str, Any]], default: dict[str, Any
 
 
 class ServerProcess:
-    """One ``jupyter server`` with the extension on an isolated state dir (its Jupyter config and runtime
-    dirs beside it). ``extra``: more command-line options (``--GoalsApp.workers=2``), which replace the
-    fast test defaults of the same name; ``env``: more environment variables."""
+    """One ``jupyter server`` (or, with ``app="jupyterlab"``, ``jupyter lab``) with the extension on an
+    isolated state dir (its Jupyter config and runtime dirs beside it unless ``env`` names others).
+    ``model``: the default model (None: the server's own default, the offline demo); ``extra``: more
+    command-line options (``--GoalsApp.workers=2``), which replace the fast test defaults of the same name
+    (``fast=False``: none, the product's own); ``env``: more environment variables, read at each start;
+    ``ready``: ``"goals"`` waits until the extension's health answers with a worker, ``"status"`` until the
+    Jupyter server answers at all (for a server whose extension is disabled)."""
 
-    def __init__(self, state_dir: Path, root_dir: Path, *, model: str, extra: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(self, state_dir: Path, root_dir: Path, *, model: str | None, extra: list[str] | None = None,
+                 env: dict[str, str] | None = None, app: str = "jupyter_server", fast: bool = True,
+                 ready: str = "goals", log_path: Path | None = None) -> None:
         self.state_dir = state_dir
         self.root_dir = root_dir
         self.model = model
         self.extra = extra or []
-        self.env_extra = env or {}
+        self.env_extra = env if env is not None else {}
+        self.app, self.fast, self.ready = app, fast, ready
         self.token = uuid.uuid4().hex
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = state_dir.parent / f"server-{uuid.uuid4().hex[:6]}.log"
+        self.log_path = log_path or state_dir.parent / f"server-{uuid.uuid4().hex[:6]}.log"
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/"
 
     def start(self, crash_at: str | None = None, wait: bool = True, env: dict[str, str] | None = None,
-              same_port: bool = False) -> ServerProcess:
+              same_port: bool = False, timeout: float = 60.0) -> ServerProcess:
         """``same_port``: restart where clients (kernels, pages) already point."""
         if not (same_port and self.port):
             self.port = free_port()
         environ = dict(os.environ)
         environ.pop("JUPYTER_GOALS_CRASH_AT", None)
+        environ["JUPYTER_CONFIG_DIR"] = str(self.state_dir.parent / "jupyter_config")
+        environ["JUPYTER_RUNTIME_DIR"] = str(self.state_dir.parent / "jupyter_runtime")
         environ.update(self.env_extra)
         environ.update(env or {})
         environ["JUPYTER_GOALS_STATE_DIR"] = str(self.state_dir)
-        environ["JUPYTER_CONFIG_DIR"] = str(self.state_dir.parent / "jupyter_config")
-        environ["JUPYTER_RUNTIME_DIR"] = str(self.state_dir.parent / "jupyter_runtime")
         if crash_at:
             environ["JUPYTER_GOALS_CRASH_AT"] = crash_at
         cmd = [
-            sys.executable, "-m", "jupyter_server", "--no-browser", "--allow-root",
+            sys.executable, "-m", self.app, "--no-browser", "--allow-root",
             f"--port={self.port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
-            f"--ServerApp.root_dir={self.root_dir}", "--ServerApp.jpserver_extensions={'jupyter_goals': True}",
+            f"--ServerApp.root_dir={self.root_dir}",
+            # enabled unless the caller says otherwise (a trait given twice on the command line is refused)
+            *([] if any(a.startswith("--ServerApp.jpserver_extensions") for a in self.extra)
+              else ["--ServerApp.jpserver_extensions={'jupyter_goals': True}"]),
             *self._goals_args(),
         ]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in kill()/stop()
         self.proc = subprocess.Popen(cmd, env=environ, cwd=self.root_dir, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
         if wait:
-            self.wait_ready()
+            self.wait_ready(timeout)
         return self
 
     def _goals_args(self) -> list[str]:
         """Fast test defaults, each overridden by ``extra`` (traitlets refuses a trait given twice on the
         command line: the extension then fails to link its config and silently runs on defaults)."""
-        defaults = [f"--GoalsApp.default_model={self.model}", "--GoalsApp.heartbeat_s=0.5", "--GoalsApp.lease_ttl_s=3",
-                    "--GoalsApp.reconcile_interval_s=1", "--GoalsApp.recovery_backoff_s=0.2",
-                    "--GoalsApp.provider_retry_base_s=0.2"]
+        defaults = [f"--GoalsApp.default_model={self.model}"] if self.model else []
+        if self.fast:
+            defaults += ["--GoalsApp.heartbeat_s=0.5", "--GoalsApp.lease_ttl_s=3", "--GoalsApp.reconcile_interval_s=1",
+                         "--GoalsApp.recovery_backoff_s=0.2", "--GoalsApp.provider_retry_base_s=0.2"]
         given = {arg.split("=", 1)[0] for arg in self.extra}
         return [arg for arg in defaults if arg.split("=", 1)[0] not in given] + self.extra
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
+        path = "api/goals/health" if self.ready == "goals" else "api/status"
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-6000:]}")
             try:
-                r = httpx.get(f"{self.url}api/goals/health", headers={"Authorization": f"token {self.token}"}, timeout=2)
-                if r.status_code == 200 and r.json().get("workers"):
+                r = httpx.get(f"{self.url}{path}", headers={"Authorization": f"token {self.token}"}, timeout=2)
+                if r.status_code == 200 and (self.ready != "goals" or r.json().get("workers")):
                     return
             except httpx.HTTPError:
                 pass
