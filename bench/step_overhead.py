@@ -2,10 +2,10 @@
 
 Run:  python bench/step_overhead.py [--json] [--n N] [--breakdown]
 
-* jupyter_goals: the real worker path. ``TurnRunner._dispatch`` on a ``Database(inline=True)`` (as
+* jupyter_goals: the real worker path. ``ToolCalls.dispatch`` (``runtime/calls.py``) on a ``Database(inline=True)`` (as
   the worker process uses it) runs a no-op read-only tool: the ``dispatched`` commit (fence, effect
   UPDATE, effect.state event, commit point) before the tool, the result commit (fence, effect UPDATE +
-  event, transcript item + event, commit point) after it. Timed per call, from entering ``_dispatch``
+  event, transcript item + event, commit point) after it. Timed per call, from entering ``dispatch``
   to its return.
 * raw sqlite3: the same two commits with the least SQL that still records them: ``UPDATE`` the call
   row to 'dispatched' and commit; ``UPDATE`` it to 'committed' with the result, ``INSERT`` one
@@ -119,6 +119,7 @@ class GoalsBench:
     """A control.db with one session, work item, admitted + claimed attempt, and planned no-op calls."""
 
     def __init__(self, root: Path) -> None:
+        from jupyter_goals.config import GoalsConfig
         from jupyter_goals.models import Capability
         from jupyter_goals.runtime.tools import ToolRegistry, ToolSpec
         from jupyter_goals.runtime.turn import TurnRunner
@@ -144,10 +145,8 @@ class GoalsBench:
             return session, attempt
 
         self.session, self.attempt = self.db.transact(setup)
-        self.runner = TurnRunner(
-            self.db, self.attempt, state_dir=root / "state", registry=self.registry,
-            default_model="echo:bench", cwd=str(root),
-        )
+        config = GoalsConfig(state_dir=root / "state", default_model="echo:bench")
+        self.runner = TurnRunner(self.db, self.attempt, config, cwd=str(root), registry=self.registry)
         self.counter = 0
 
     def prepare(self, count: int) -> list[dict[str, Any]]:
@@ -180,7 +179,7 @@ class GoalsBench:
     async def run(self, effects: list[dict[str, Any]]) -> list[float]:
         out = []
         clock = time.perf_counter
-        dispatch = self.runner._dispatch
+        dispatch = self.runner.calls.dispatch
         for eff in effects:
             t0 = clock()
             await dispatch(eff, None)

@@ -136,7 +136,8 @@ def _product_modules() -> list[ModuleType]:
     """Every module of the product, imported (a module not yet loaded could still call a transition)."""
     import jupyter_goals
 
-    return [importlib.import_module(m.name) for m in pkgutil.walk_packages(jupyter_goals.__path__, "jupyter_goals.")]
+    return [importlib.import_module(m.name) for m in pkgutil.walk_packages(jupyter_goals.__path__, "jupyter_goals.")
+            if not m.name.endswith(".__main__")]  # a program's entry point runs when imported
 
 
 class FaultyConnection:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jupyter_goals.config import GoalsConfig
 from jupyter_goals.goals import lifecycle
 from jupyter_goals.identity import ProcessIdentity, boot_id, host_name
 from jupyter_goals.models import Requirement
@@ -52,8 +53,10 @@ class Rig:
         migrate(self.db, "control")
         self.wdb = Database(url, inline=True)
         self.registry = ToolRegistry(trusted_tools)
-        self.coordinator = Coordinator(self.db, state_dir=self.state, default_model=self.model, registry=self.registry,
-                                       recovery_backoff_s=0.0, prices=prices)
+        # the rig's "server" configuration: its Coordinator and each attempt it runs take it
+        self.config = GoalsConfig(state_dir=self.state, control_db_url=url, default_model=self.model,
+                                  recovery_backoff_s=0.0, provider_retry_base_s=0.05, trusted_tools=trusted_tools or {})
+        self.coordinator = Coordinator(self.db, self.config, registry=self.registry, prices=prices)
 
     def close(self) -> None:
         self.db.close()
@@ -86,9 +89,8 @@ class Rig:
         return self.tx(run)  # type: ignore[no-any-return]
 
     def _runner(self, attempt: Row) -> TurnRunner:
-        return TurnRunner(self.wdb, attempt, state_dir=self.state, registry=self.registry, default_model=self.model,
-                          cwd=str(self.root), retry_base_s=0.05, prices=self.prices,
-                          tool_env_allow=self.tool_env_allow)
+        config = self.config.replace(tool_env_allow=self.tool_env_allow)  # as the test set it
+        return TurnRunner(self.wdb, attempt, config, cwd=str(self.root), registry=self.registry, prices=self.prices)
 
     async def step(self) -> bool:
         """recover() (which admits), then run one admitted attempt to its end. False if none was admitted."""
@@ -156,8 +158,8 @@ async def run_next_attempt(db: Database, state_dir: Path, model: str, cwd: str, 
         if time.monotonic() > deadline:
             raise TimeoutError("no attempt was admitted")
         await asyncio.sleep(0.05)
-    await TurnRunner(db, attempt, state_dir=state_dir, registry=registry or ToolRegistry(), default_model=model,
-                     cwd=cwd).run()
+    await TurnRunner(db, attempt, GoalsConfig(state_dir=state_dir, default_model=model), cwd=cwd,
+                     registry=registry or ToolRegistry()).run()
     return attempt
 
 

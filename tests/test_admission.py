@@ -22,7 +22,7 @@ BYPASS = {"mode": "bypass"}
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
     r = Rig(tmp_path, RULES)
-    r.coordinator.max_concurrent_turns = 1
+    r.coordinator.config = r.coordinator.config.replace(max_concurrent_turns=1)
     yield r
     r.close()
 
@@ -76,7 +76,7 @@ def test_a_new_session_goes_before_sessions_admitted_recently(rig: Rig) -> None:
 
 
 def test_each_session_runs_one_request_at_a_time_in_its_own_order(rig: Rig) -> None:
-    rig.coordinator.max_concurrent_turns = 4
+    rig.coordinator.config = rig.coordinator.config.replace(max_concurrent_turns=4)
     a, b = rig.session(BYPASS), rig.session(BYPASS)
     works = {sid: [rig.send(sid, f"hello {i}") for i in range(3)] for sid in (a, b)}
 

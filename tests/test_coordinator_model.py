@@ -123,6 +123,7 @@ from hypothesis.stateful import (
 )
 
 from jupyter_goals import faults as faults_module
+from jupyter_goals.config import GoalsConfig
 from jupyter_goals.goals import acceptance as acceptance_module
 from jupyter_goals.goals import lifecycle as goal_lifecycle
 from jupyter_goals.host import effect_files
@@ -132,6 +133,7 @@ from jupyter_goals.identity import boot_id, host_name, process_start_time
 from jupyter_goals.models import TERMINAL_GOAL_STATES, ReasonCode, Requirement
 from jupyter_goals.recovery import coordinator as coordinator_module
 from jupyter_goals.recovery.coordinator import Coordinator
+from jupyter_goals.runtime import calls as calls_module
 from jupyter_goals.runtime import tools as tools_module
 from jupyter_goals.runtime import turn as turn_module
 from jupyter_goals.runtime.tools import ToolContext, ToolRegistry, ToolResult
@@ -506,6 +508,10 @@ class Env:
                                                                                          "output_tokens": 1}}}))
         self.model = f"scripted:{script}"
         self.registry = ToolRegistry({"mark": {"impl": f"{__name__}:mark", "capability": "unknown"}})
+        # the modelled server's configuration: its Coordinator and every attempt its worker runs take it
+        self.config = GoalsConfig(state_dir=self.state, default_model=self.model, max_concurrent_turns=MAX_CONCURRENT,
+                                  max_recovery_attempts=MAX_RECOVERIES, recovery_backoff_s=0.0,
+                                  provider_retry_base_s=0.01)
         self.template = base / "template.db"
         self.usage_template = base / "usage-template.db"  # the ledger (usage.db): empty, migrated
         self.usage_url = f"sqlite:///{self.state / 'usage.db'}"
@@ -616,9 +622,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         return self.db.transact(lambda tx: tx.all(sql, params), write=False)  # type: ignore[no-any-return]
 
     def _new_coordinator(self) -> Coordinator:
-        coord = Coordinator(self.db, state_dir=self.state, default_model=self.env.model, registry=self.env.registry,
-                            max_concurrent_turns=MAX_CONCURRENT, max_recovery_attempts=MAX_RECOVERIES,
-                            recovery_backoff_s=0.0, redactor=REDACTOR)
+        coord = Coordinator(self.db, self.env.config, registry=self.env.registry, redactor=REDACTOR)
         coord.claimant = "|".join(str(x) for x in identity(self.server_proc))  # this server process's identity
         coord._cancelling = Sweeps()
         return coord
@@ -1044,8 +1048,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         if attempt is None:
             return False
         COVERED["claim"] += 1
-        runner = TurnRunner(self.wdb, attempt, state_dir=self.state, registry=self.env.registry,
-                            default_model=self.env.model, cwd=str(self.env.root), retry_base_s=0.01,
+        runner = TurnRunner(self.wdb, attempt, self.env.config, cwd=str(self.env.root), registry=self.env.registry,
                             redactor=REDACTOR, histories=self.histories)
         t = AttemptThread(runner, attempt, wid)
         self.threads.append(t)
@@ -1412,12 +1415,13 @@ def model_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
             pytest.skip(reason)
         backend = Backend("postgresql", base)
     monkeypatch.setattr(turn_module, "crash_point", interruption_point)
+    monkeypatch.setattr(calls_module, "crash_point", interruption_point)
     monkeypatch.setattr(coordinator_module, "crash_point", interruption_point)
     monkeypatch.setattr(acceptance_module, "crash_point", interruption_point)
     monkeypatch.setattr(outbox_module, "crash_point", interruption_point)
     # the shell tool and cancel_shell import crash_point when they run (tool.after_dispatch, tool.before_cancel_kill)
     monkeypatch.setattr(faults_module, "crash_point", interruption_point)
-    for module in (turn_module, tools_module, effect_files):
+    for module in (calls_module, tools_module, effect_files):
         monkeypatch.setattr(module, "asyncio", ModelAsyncio())
     monkeypatch.setattr(effect_files, "os", ModelOs())
     COVERED.clear()

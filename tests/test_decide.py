@@ -321,7 +321,7 @@ def test_work_that_should_run_is_never_cancelled_or_marked_done(f: RecoveryFacts
 def test_scope_lost_counts_only_a_narrowing_of_the_saved_permission_scope() -> None:
     """The Coordinator's ``permission_revoked`` fact: what a work item's saved scope lets run that the
     current permissions of its session (or its Job's caller, or its parent) no longer do."""
-    from jupyter_goals.recovery.coordinator import scope_lost
+    from jupyter_goals.recovery.facts import scope_lost
 
     rule = {"tool": "write_file", "path": "notes/**"}
     assert scope_lost({"mode": "bypass"}, {"mode": "ask"}) == ["bypass mode"]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from jupyter_goals.server.app import demo_model
-from jupyter_goals.server.service import LATEST
+from jupyter_goals.server.params import LATEST
 from jupyter_goals.store import control as c
 from jupyter_goals.store.db import Database
 from jupyter_goals.testing.seed import seed_long_session, seed_sessions

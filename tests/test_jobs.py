@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from jupyter_goals.config import GoalsConfig
 from jupyter_goals.goals import lifecycle
 from jupyter_goals.identity import host_name
 from jupyter_goals.models import DesiredState, ItemKind, Phase, ReasonCode, Requirement
@@ -68,8 +69,8 @@ class Store:
     def __init__(self, backend: Backend, tmp_path: Path) -> None:
         self.model = _script(tmp_path)
         self.db: Database = backend.open("control", migrated="control")
-        self.coordinator = Coordinator(self.db, state_dir=tmp_path, default_model=self.model, registry=ToolRegistry(),
-                                       recovery_backoff_s=0.0)
+        self.coordinator = Coordinator(self.db, GoalsConfig(state_dir=tmp_path, default_model=self.model,
+                                                            recovery_backoff_s=0.0), registry=ToolRegistry())
 
         def setup(tx: Tx) -> tuple[Row, Row, Row]:
             session = c.create_session(tx, "parent", str(tmp_path), self.model, BYPASS)
@@ -164,7 +165,7 @@ async def test_a_goal_revision_refuses_the_old_wakeup_and_keeps_the_result_for_t
         backend: Backend, tmp_path: Path) -> None:
     model = _script(tmp_path)
     db = backend.open("control", migrated="control")
-    coordinator = Coordinator(db, state_dir=tmp_path, default_model=model, registry=ToolRegistry())
+    coordinator = Coordinator(db, GoalsConfig(state_dir=tmp_path, default_model=model), registry=ToolRegistry())
 
     def setup(tx: Tx) -> tuple[Row, Row]:
         session = c.create_session(tx, "goal", str(tmp_path), model, BYPASS)

@@ -190,6 +190,159 @@ async def test_the_event_stream_is_documented_as_one_and_its_headers_come_before
                 await asyncio.wait_for(resp.aiter_bytes().__anext__(), 0.5)
 
 
+def _answer_schema(doc: dict[str, Any], method: str, path: str, status: int) -> dict[str, Any]:
+    return doc["paths"][path][method]["responses"][str(status)]["content"]["application/json"]["schema"]  # type: ignore[no-any-return]
+
+
+def _refs(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        found = {node["$ref"]} if isinstance(node.get("$ref"), str) else set()
+        return found.union(*(_refs(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_refs(v) for v in node))
+    return set()
+
+
+def test_every_answer_has_a_schema_from_its_response_model_and_every_event_kind_its_payload() -> None:
+    """Issue 28 item 4: each route's success answers name a component (the response model the route
+    builds its answer with), its errors ``Error``; every ``$ref`` resolves; ``Event`` is the union of one
+    schema per kind, each with its payload model."""
+    from jupyter_goals.events import PAYLOADS, EventKind
+    from jupyter_goals.server.openapi import OPERATIONS
+
+    doc = document()
+    schemas = doc["components"]["schemas"]
+    for op in OPERATIONS:
+        responses = doc["paths"][op.path][op.method]["responses"]
+        for status, response in responses.items():
+            for media, content in response["content"].items():
+                if media == "text/event-stream":
+                    continue
+                ref = content["schema"]["$ref"]
+                name = ref.removeprefix("#/components/schemas/")
+                assert name in schemas, (op.path, status)
+                expected = op.answer.__name__ if status.startswith("2") else "Error"
+                assert name == expected, (op.method, op.path, status, name)
+                if status.startswith("2"):
+                    assert schemas[name] != {"type": "object"}, (op.path, "is described as an object only")
+    assert {r.removeprefix("#/components/schemas/") for r in _refs(doc)} <= set(schemas)
+    assert schemas["EventKind"]["enum"] == [k.value for k in EventKind]
+    mapping = schemas["Event"]["discriminator"]["mapping"]
+    assert set(mapping) == {k.value for k in EventKind}
+    for kind, ref in mapping.items():
+        one = schemas[ref.removeprefix("#/components/schemas/")]
+        assert one["properties"]["kind"] == {"const": kind}
+        assert one["properties"]["payload"]["$ref"].endswith("/" + PAYLOADS[EventKind(kind)].__name__)
+    # keys an answer leaves out when they have nothing to say are not required, and never null
+    assert "config_error" not in schemas["ModelList"]["required"]
+    assert schemas["ModelList"]["properties"]["config_error"]["type"] == "string"
+    assert "default" not in schemas["ModelList"]["properties"]["config_error"]
+    assert "budget_status" not in schemas["Goal"]["required"] and "usage" in schemas["Goal"]["required"]
+
+
+@pytest.fixture
+def flows(tmp_path: Path, goals_state_dir: Path) -> dict[str, Any]:
+    root = tmp_path / "root"
+    root.mkdir()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"rules": [
+        {"when": {"last_tool_result_contains": "wrote "}, "respond": {"text": "Written.",
+                                                                    "usage": {"input_tokens": 5, "output_tokens": 1}}},
+        {"when": {"last_user_contains": "write"}, "respond": {"tool_calls": [
+            {"name": "write_file", "arguments": {"path": "notes/a.md", "content": "a"}}]}},
+    ], "default": {"text": "(no rule)"}}))
+    return {"root": root, "model": f"scripted:{script}", "state": goals_state_dir}
+
+
+async def test_a_representative_answer_of_every_route_matches_its_schema(api: Api, flows: dict[str, Any]) -> None:
+    """Every route answers as the served document states (success answers and errors), through a chat
+    whose write waits for an approval, a Goal with a hard budget that ends in a terminal record, a Job,
+    a notebook's session and stop all; and every event these wrote matches its kind's schema."""
+    from jupyter_goals.store.db import Database
+    from tests.inproc import run_next_attempt
+
+    doc = await api.ok("GET", "openapi.json")
+    checked: set[tuple[str, str]] = set()
+
+    async def check(method: str, path: str, concrete: str, status: int, body: Any = None,
+                    params: dict[str, Any] | None = None) -> Any:
+        code, answer = await api.call(method.upper(), concrete, body, params=params)
+        assert code == status, (method, concrete, code, answer)
+        schema = _answer_schema(doc, method, path, status)
+        errors = list(Draft202012Validator({**schema, "components": doc["components"]}).iter_errors(answer))
+        assert not errors, (method, path, status, [f"{list(e.absolute_path)}: {e.message}" for e in errors[:5]])
+        if status < 300:
+            checked.add((method, path))
+        return answer
+
+    async def run_turn() -> None:
+        db = Database(f"sqlite:///{flows['state'] / 'control.db'}", inline=True)
+        try:
+            await run_next_attempt(db, flows["state"], flows["model"], str(flows["root"]))
+        finally:
+            db.close()
+
+    await check("get", "/health", "health", 200)
+    await check("get", "/models", "models", 200)
+    await check("get", "/recovery", "recovery", 200)
+    await check("get", "/openapi.json", "openapi.json", 200)
+    chat = await check("post", "/sessions", "sessions", 201,
+                       {"title": "chat", "cwd": str(flows["root"]), "model": flows["model"]})
+    sid = chat["session_id"]
+    await check("patch", "/sessions/{session_id}", f"sessions/{sid}", 200,
+                {"permissions": {"mode": "ask", "allow": [{"tool": "read_file", "path": "*.md"}], "folders": ["/tmp"]}})
+    await check("post", "/sessions/{session_id}/messages", f"sessions/{sid}/messages", 202,
+                {"text": "write a note", "client_request_id": "r1"})
+    await run_turn()
+    pending = await check("get", "/approvals", "approvals", 200, params={"state": "pending"})
+    snapshot = await check("get", "/sessions/{session_id}", f"sessions/{sid}", 200)
+    assert snapshot["approvals"] and snapshot["transcript"]["items"] and snapshot["work"]
+    approval_id = pending["approvals"][0]["approval_id"]
+    await check("post", "/approvals/{approval_id}", f"approvals/{approval_id}", 200, {"decision": "approve"})
+    await check("post", "/approvals/{approval_id}", f"approvals/{approval_id}", 409, {"decision": "deny"})
+    await run_turn()
+    await check("get", "/sessions/{session_id}", f"sessions/{sid}", 200, params={"before": "latest", "limit": 2})
+    await check("post", "/sessions/{session_id}/messages", f"sessions/{sid}/messages", 202,
+                {"text": "and another", "client_request_id": "r2", "delivery": "steer"})
+    await check("post", "/sessions/{session_id}/actions", f"sessions/{sid}/actions", 200, {"action": "pause"})
+    await check("post", "/sessions/{session_id}/actions", f"sessions/{sid}/actions", 404,
+                {"action": "cancel_tool", "effect_id": "eff_0"})
+    await check("get", "/sessions", "sessions", 200, params={"limit": 1})
+    await check("get", "/usage", "usage", 200, params={"session_id": sid})
+
+    other = (await check("post", "/sessions", "sessions", 201, {"permissions": {"mode": "bypass"}}))["session_id"]
+    goal = await check("post", "/goals", "goals", 201, {
+        "session_id": other, "objective": "Write out.txt", "budget": {"max_cost_usd": 1, "max_tokens": 1000},
+        "requirements": [{"text": "exists", "kind": "file_exists", "path": "out.txt"}]})
+    assert goal["budget_status"] and goal["budget"] == {"max_cost_usd": 1, "max_tokens": 1000}
+    gid = goal["goal_id"]
+    await check("get", "/goals/{goal_id}", f"goals/{gid}", 200)
+    await check("get", "/goals", "goals", 200, params={"session_id": other})
+    goal = await check("patch", "/goals/{goal_id}", f"goals/{gid}", 200,
+                       {"expected_revision": 1, "objective": "Write out.txt, then stop"})
+    await check("post", "/goals/{goal_id}/actions", f"goals/{gid}/actions", 409, {"action": "pause", "expected_revision": 1})
+    await check("post", "/goals/{goal_id}/actions", f"goals/{gid}/actions", 200, {"action": "end", "expected_revision": 2})
+    records = await check("get", "/sessions/{session_id}/history", f"sessions/{other}/history", 200)
+    await check("get", "/history/{record_id}", f"history/{records['records'][0]['record_id']}", 200)
+    await check("get", "/usage", "usage", 200, params={"goal_id": gid})
+
+    job = await check("post", "/jobs", "jobs", 202, {"session_id": other, "input": "summarise", "client_request_id": "j1"})
+    await check("get", "/jobs/{job_id}", f"jobs/{job['job_id']}", 200)
+    await check("put", "/notebook-session", "notebook-session", 201, {"path": "work/a.ipynb"})
+    await check("put", "/notebook-session", "notebook-session", 200, {"path": "work/a.ipynb"})
+    await check("put", "/notebook-session", "notebook-session", 200, {"path": "work/b.ipynb", "session_id": sid})
+    await check("get", "/sessions/{session_id}", "sessions/ses_" + "0" * 24, 404)
+    await check("post", "/sessions", "sessions", 400, {"nope": 1})
+    await check("post", "/actions", "actions", 200, {"action": "stop_all"})
+
+    page = await check("get", "/events", "events", 200, params={"format": "json", "limit": 5000})
+    kinds = {e["kind"] for e in page["events"]}
+    assert {"approval.requested", "approval.decided", "effect.state", "goal.history", "job.created",
+            "notebook.bound", "session.permissions", "work.control"} <= kinds, kinds
+    documented = {(m, path) for path, methods in doc["paths"].items() for m in methods}
+    assert checked == documented, documented - checked
+
+
 # the run's settings beside its command line: a stream read for 2 s (then cut short, as schemathesis
 # does with a stream that never ends), and no "created resource not found" for `POST
 # /sessions/{id}/actions`, whose 404 names the unknown call of the body, not the session just created

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from jupyter_goals.host.effect_files import kill_shell
 from jupyter_goals.models import Capability, GoalState, Permissions
-from jupyter_goals.recovery.coordinator import scope_lost
+from jupyter_goals.recovery.facts import scope_lost
 from jupyter_goals.runtime.permissions import CallFacts, check_call, glob_base, read_fence, secret_places
 from jupyter_goals.runtime.tools import BUILTINS, ToolContext, ToolRegistry, path_reader
 from jupyter_goals.store import control as c

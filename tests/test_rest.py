@@ -16,6 +16,7 @@ import httpx
 import pytest
 from jupyter_server.serverapp import ServerApp
 
+from jupyter_goals.server.answers import EventPage
 from jupyter_goals.store.db import Database
 from jupyter_goals.store.schema import migrate
 from tests import restkit
@@ -71,7 +72,7 @@ async def test_created_session_is_listed_and_has_a_snapshot(api: Api, goals_stat
 def test_a_sessions_stop_is_offered_as_can_stop_and_can_end_stays_its_older_equal() -> None:
     """One name per action: a session's ``stop`` is ``can_stop`` (the button "Stop"); ``can_end`` is kept
     equal to it for older clients. Computed on the server for every phase."""
-    from jupyter_goals.server.service import actions_for
+    from jupyter_goals.server.queries import actions_for
 
     for phase in ("queued", "working", "waiting", "recovering", "failed", "paused", "interrupted", "done", "cancelled"):
         for desired in ("run", "paused", "cancelled", "done"):
@@ -312,15 +313,15 @@ async def test_event_stream_stops_reading_the_database_once_the_client_is_gone(
     api: Api, raw_url: Any, jp_auth_header: dict[str, str], jp_serverapp: ServerApp
 ) -> None:
     await api.new_session()
-    service = jp_serverapp.web_app.settings["jupyter_goals_service"]
+    queries = jp_serverapp.web_app.settings["jupyter_goals_service"].queries
     reads: list[int] = []
-    original = service.events
+    original = queries.events
 
-    async def counted(after: int, limit: int) -> Json:
+    async def counted(after: int, limit: int) -> EventPage:
         reads.append(after)
-        return dict(await original(after, limit))
+        return await original(after, limit)
 
-    service.events = counted
+    queries.events = counted
     await read_sse(raw_url("events"), jp_auth_header, 1)
     # the stream's loop has ended (health counts open streams): it reads nothing more
     for _ in range(500):  # up to 10 s

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from jupyter_goals.config import GoalsConfig
 from jupyter_goals.identity import ProcessIdentity, boot_id, host_name
 from jupyter_goals.models import EffectState, Usage
 from jupyter_goals.recovery.coordinator import Coordinator, RecoveryReport
@@ -233,8 +234,11 @@ class WorkerRig:
         self.db = FaultyDatabase(self.url, plan=plan)  # the server's: the Coordinator's transitions can fail too
         migrate(self.db, "control")
         self.pass_failures = 0
-        self.coordinator = Coordinator(self.db, state_dir=self.state, default_model=self.model,
-                                       registry=ToolRegistry(), recovery_backoff_s=0.0)
+        # the "server" configuration of the Coordinator and the workers
+        self.config = GoalsConfig(state_dir=self.state, control_db_url=self.url, default_model=self.model,
+                                  max_concurrent_turns=2, heartbeat_s=0.2, safety_tick_s=0.05, recovery_backoff_s=0.0,
+                                  provider_retry_base_s=0.05)
+        self.coordinator = Coordinator(self.db, self.config, registry=ToolRegistry())
         self.workers: list[Worker] = []
         self.exits = 0
         monkeypatch.setattr(worker_module, "ProcessIdentity", _ExitedProcess)
@@ -254,8 +258,7 @@ class WorkerRig:
             worker.db.close()
 
     def _start_worker(self) -> tuple[Worker, asyncio.Task[None]]:
-        worker = Worker(f"wkr_{len(self.workers)}", self.url, self.state, capacity=2, heartbeat_s=0.2,
-                        lease_ttl_s=10.0, default_model=self.model, safety_tick_s=0.05, retry_base_s=0.05)
+        worker = Worker(f"wkr_{len(self.workers)}", self.config)
         worker.db = FaultyDatabase(self.url, plan=self.plan, inline=True)
         self.workers.append(worker)
         return worker, asyncio.create_task(worker.run())

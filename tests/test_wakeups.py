@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_goals.config import GoalsConfig
 from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, Listener, Notifier
 from jupyter_goals.identity import host_name
 from jupyter_goals.recovery.coordinator import Coordinator
@@ -54,7 +55,7 @@ async def test_a_pass_with_nothing_to_change_takes_no_write_lock_and_commits_not
     try:
         # the Coordinator's admission pass over a database with nothing unfinished: reads only
         report = await asyncio.wait_for(
-            Coordinator(db, state_dir=tmp_path, default_model="scripted:x", registry=ToolRegistry()).admit(), 5)
+            Coordinator(db, GoalsConfig(state_dir=tmp_path, default_model="scripted:x"), registry=ToolRegistry()).admit(), 5)
         assert report.admitted == [] and report.decisions == {}
         assert db.transact_write_if_needed(lambda tx: c.get_session(tx, session["session_id"]))["title"] == "t"
     finally:
@@ -110,8 +111,8 @@ async def test_an_idle_worker_writes_nothing_and_claims_at_once_when_woken(tmp_p
     script.write_text(json.dumps({"rules": [], "default": {"text": "hello"}}))
     model = f"scripted:{script}"
     # a safety tick far longer than this test: only the wake-up can make it claim in time
-    worker = Worker("w_test", url, tmp_path, capacity=2, heartbeat_s=3600, lease_ttl_s=7200, default_model=model,
-                    safety_tick_s=3600)
+    worker = Worker("w_test", GoalsConfig(state_dir=tmp_path, control_db_url=url, default_model=model,
+                                          max_concurrent_turns=2, heartbeat_s=3600, lease_ttl_s=7200, safety_tick_s=3600))
     statements: list[str] = []
     worker.db._ensure().set_trace_callback(statements.append)
     run = asyncio.create_task(worker.run())
@@ -134,7 +135,7 @@ async def test_an_idle_worker_writes_nothing_and_claims_at_once_when_woken(tmp_p
         session = db.transact(lambda tx: c.create_session(tx, "t", str(tmp_path), model, {"mode": "ask"}))
         msg, _ = db.transact(lambda tx: c.accept_message(tx, c.get_session(tx, session["session_id"]), "hi", "r1",
                                                          "queue", auto_recover=True, host=host_name()))
-        coordinator = Coordinator(db, state_dir=tmp_path, default_model=model, registry=ToolRegistry())
+        coordinator = Coordinator(db, GoalsConfig(state_dir=tmp_path, default_model=model), registry=ToolRegistry())
         assert (await coordinator.admit()).admitted == [msg["work_id"]]
         notifier.notify(ATTEMPTS)
         admission = Listener(tmp_path, ADMISSION, "test")
@@ -290,8 +291,8 @@ async def test_a_worker_woken_by_another_hosts_admission_claims_at_once(backend:
     worker_id = f"w_{uuid.uuid4().hex[:8]}"
     # host A runs the worker, with a safety tick far longer than the test; host B the admission
     (tmp_path / "host-a").mkdir()
-    worker = Worker(worker_id, url, tmp_path / "host-a", capacity=2, heartbeat_s=3600, lease_ttl_s=7200,
-                    default_model=model, safety_tick_s=3600)
+    worker = Worker(worker_id, GoalsConfig(state_dir=tmp_path / "host-a", control_db_url=url, default_model=model,
+                                           max_concurrent_turns=2, heartbeat_s=3600, lease_ttl_s=7200, safety_tick_s=3600))
     admission = Listener(tmp_path / "host-b", ADMISSION, "server-b", url=url)
     admission.start()
     notifier = Notifier(tmp_path / "host-b", url=url)
@@ -305,7 +306,8 @@ async def test_a_worker_woken_by_another_hosts_admission_claims_at_once(backend:
         session = db.transact(lambda tx: c.create_session(tx, "t", str(tmp_path), model, {"mode": "ask"}))
         msg, _ = db.transact(lambda tx: c.accept_message(tx, c.get_session(tx, session["session_id"]), "hi", "r1",
                                                          "queue", auto_recover=True, host=host_name()))
-        coordinator = Coordinator(db, state_dir=tmp_path / "host-b", default_model=model, registry=ToolRegistry())
+        coordinator = Coordinator(db, GoalsConfig(state_dir=tmp_path / "host-b", default_model=model),
+                                  registry=ToolRegistry())
         assert (await coordinator.admit()).admitted == [msg["work_id"]]
         assert notifier.notify(ATTEMPTS) == 0  # no socket of host A here: only NOTIFY reaches the worker
         deadline = time.monotonic() + 20

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import shutil
@@ -64,11 +63,20 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="offline: kill -9 a server while a chat's command runs, restart it, and watch"
                                        " the chat finish by itself with the command run exactly once")
     demo.add_argument("--dir", help="where to keep the demo's state and workspace (default: a new temp dir)")
+    acp = sub.add_parser("acp", help="an ACP agent over stdio (Zed, Jupyter AI, any ACP client) on a running server's"
+                                     " durable sessions; needs the 'acp' extra")
+    from jupyter_goals.clients.acp import add_arguments as acp_arguments
+
+    acp_arguments(acp)
     args = p.parse_args(argv)
     if args.command == "demo":
         from jupyter_goals.clients.demo import run_demo
 
         return run_demo(args.dir)
+    if args.command == "acp":
+        from jupyter_goals.clients.acp import run as run_acp
+
+        return run_acp(args)
     state, control_url, usage_url = _config(args)
     if args.command == "doctor":
         if args.start_over:
@@ -123,7 +131,7 @@ def server_config(state: Path, control_url: str, usage_url: str) -> GoalsConfig:
     if saved is None:
         return GoalsConfig(state_dir=state, control_db_url=control_url, usage_db_url=usage_url,
                            default_model=demo_model(), demo_model=demo_model())
-    return dataclasses.replace(saved, control_db_url=control_url, usage_db_url=usage_url)
+    return saved.replace(control_db_url=control_url, usage_db_url=usage_url)
 
 
 async def recover(db: Database, cfg: GoalsConfig, explain: bool) -> int:
@@ -143,7 +151,7 @@ async def recover(db: Database, cfg: GoalsConfig, explain: bool) -> int:
         specs = {}
     listed = catalog.ModelCatalog(cfg.default_model, specs, cfg.demo_model, prices or load_price_table(None))
     os.environ[catalog.NAMED_ENV] = listed.export_named()  # named models resolve as in the server's workers
-    coord = Coordinator.from_config(db, cfg, registry=ToolRegistry(cfg.trusted_tools), prices=prices)
+    coord = Coordinator(db, cfg, registry=ToolRegistry(cfg.trusted_tools), prices=prices)
     if explain:
         _print(await coord.explain())
     else:

@@ -10,16 +10,12 @@ work round-robin across sessions under ``max_concurrent_turns``. Repeating any s
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from jupyter_goals.config import GoalsConfig
 from jupyter_goals.faults import crash_point
-from jupyter_goals.goals.lifecycle import goal_wait
 from jupyter_goals.host.effect_files import (
     cancel_shell,
     cancelled_result_text,
@@ -38,8 +34,8 @@ from jupyter_goals.models import (
     RecoveryMode,
     TurnState,
 )
-from jupyter_goals.providers.resolve import check_model
-from jupyter_goals.recovery.decide import Action, Owner, RecoveryFacts, decide, repair_mode
+from jupyter_goals.recovery.decide import Action, RecoveryFacts, decide, repair_mode
+from jupyter_goals.recovery.facts import ToolLookup, load_facts
 from jupyter_goals.recovery.repair import late_receipt_text, placeholder_text
 from jupyter_goals.store import control as c
 from jupyter_goals.store import recovery as rs
@@ -75,91 +71,31 @@ class RecoveryReport:
         }
 
 
-class ToolIdentity(Protocol):
-    @property
-    def digest(self) -> str: ...
-
-
-class ToolLookup(Protocol):
-    """The trusted tool registry as recovery sees it: a planned call's implementation digest now."""
-
-    def get(self, name: str) -> ToolIdentity | None: ...
-
-
-def scope_lost(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """What the permission scope ``saved`` lets run that ``current`` no longer does (empty: nothing
-    revoked). Only a narrowing counts: a wider ``current`` is never applied to running work by itself."""
-    lost: list[str] = []
-    if current.get("mode") != "bypass":
-        if saved.get("mode") == "bypass":
-            lost.append("bypass mode")
-        else:
-            allowed = current.get("allow") or []
-            lost += [f"the allow rule {json.dumps(r, sort_keys=True)}" for r in saved.get("allow") or [] if r not in allowed]
-            folders = current.get("folders") or []
-            lost += [f"reads in the folder {f}" for f in saved.get("folders") or [] if f not in folders]
-    env = current.get("env_allow") or []
-    lost += [f"the environment variable {n}" for n in saved.get("env_allow") or [] if n not in env]
-    return lost
-
-
 def recovery_backoff(attempts: int, base: float, cap: float = 300.0) -> float:
     """No delay for the first recovery; growing delays for a work item that keeps killing workers."""
     return 0.0 if attempts <= 1 else float(min(cap, base * 2 ** (attempts - 2)))
 
 
 class Coordinator:
-    def __init__(
-        self,
-        db: Database,
-        *,
-        state_dir: Path,
-        default_model: str,
-        registry: ToolLookup,
-        max_concurrent_turns: int = 4,
-        allow_cross_host_takeover: bool = False,
-        max_recovery_attempts: int = 5,
-        recovery_backoff_s: float = 1.0,
-        prices: PriceTable | None = None,
-        redactor: Redactor | None = None,
-        cancel_grace_s: float = 5.0,
-    ) -> None:
-        self.cancel_grace_s = cancel_grace_s
-        self._cancelling: dict[str, asyncio.Task[None]] = {}  # effect_id → the sweep's kill in progress
+    def __init__(self, db: Database, config: GoalsConfig, *, registry: ToolLookup, prices: PriceTable | None = None,
+                 redactor: Redactor | None = None) -> None:
+        """The Coordinator the server runs with ``config`` (its ``state_dir``, ``default_model``,
+        ``max_concurrent_turns``, ``allow_cross_host_takeover``, ``max_recovery_attempts``,
+        ``recovery_backoff_s``, ``cancel_grace_s``); the CLI builds the same one from the saved file.
+        ``prices``: hard cost budgets quote the next request's reservation with it; ``redactor``: default
+        this process's credentials and the server's ``secrets`` (a late receipt is tool output like any
+        other: credentials never reach the transcript)."""
         self.db = db
-        self.state_dir = state_dir
-        # a late receipt is tool output like any other: credentials never reach the transcript
-        self.redactor = redactor if redactor is not None else Redactor.from_environment()
-        self.default_model = default_model
+        self.config = config
         self.registry = registry
-        self.max_concurrent_turns = max_concurrent_turns
-        self.allow_cross_host_takeover = allow_cross_host_takeover
-        self.max_recovery_attempts = max_recovery_attempts
-        self.recovery_backoff_s = recovery_backoff_s
-        self.prices = prices  # hard cost budgets quote the next request's reservation with it
+        self.prices = prices
+        self.redactor = redactor if redactor is not None else Redactor.from_environment(extra=config.secrets)
+        self._cancelling: dict[str, asyncio.Task[None]] = {}  # effect_id → the sweep's kill in progress
         self._held: dict[str, budget.Problem] = {}  # this pass's budget problems, by work_id
         self._revoked: dict[str, str] = {}  # this pass's revoked-permission sentences, by work_id
         self.me = ProcessIdentity.current()
         self.claimant = f"{self.me.host_name}|{self.me.boot_id}|{self.me.pid}|{self.me.start_time}"
         self.admission_open = True
-
-    @classmethod
-    def from_config(cls, db: Database, config: GoalsConfig, *, registry: ToolLookup,
-                    prices: PriceTable | None = None) -> Coordinator:
-        """The Coordinator the server runs with ``config`` (the CLI builds the same one from the saved file)."""
-        return cls(
-            db,
-            state_dir=config.state_dir,
-            default_model=config.default_model,
-            registry=registry,
-            max_concurrent_turns=config.max_concurrent_turns,
-            allow_cross_host_takeover=config.allow_cross_host_takeover,
-            max_recovery_attempts=config.max_recovery_attempts,
-            recovery_backoff_s=config.recovery_backoff_s,
-            redactor=Redactor.from_environment(extra=config.secrets),
-            cancel_grace_s=config.cancel_grace_s,
-            prices=prices,
-        )
 
     # ------------------------------------------------------------------ entry point
     async def recover(self) -> RecoveryReport:
@@ -195,7 +131,7 @@ class Coordinator:
             alive = ident.is_alive_here()
             if alive is False:
                 reason = "new boot" if w["boot_id"] != self.me.boot_id else "process gone"
-            elif alive is None and w["lease_expires_at"] < now and self.allow_cross_host_takeover:
+            elif alive is None and w["lease_expires_at"] < now and self.config.allow_cross_host_takeover:
                 reason = "lease expired on another host (takeover allowed)"
             else:
                 continue
@@ -225,7 +161,7 @@ class Coordinator:
             for a in in_flight or attempts:
                 work = c.get_work(tx, a["work_id"])
                 deaths = int(work["recovery_attempts"]) + 1
-                delay = recovery_backoff(deaths, self.recovery_backoff_s)
+                delay = recovery_backoff(deaths, self.config.recovery_backoff_s)
                 rs.charge_death(tx, work, a["attempt_id"], worker_id, deaths, delay, now)
                 report.charged[work["work_id"]] = worker_id
 
@@ -271,7 +207,7 @@ class Coordinator:
             for eff in c.open_effects_of_turn(tx, turn["turn_id"]):
                 if eff["state"] != EffectState.DISPATCHED:
                     continue
-                effect_dir = self.state_dir / "effects" / eff["effect_id"]
+                effect_dir = self.config.state_dir / "effects" / eff["effect_id"]
                 text = shell_result_text(effect_dir) if eff["tool"] == "shell" else None
                 if text is not None:  # a real receipt: commit it as the result, credentials hidden as always
                     clean = self.redactor.redact(recovered_result_text(text))
@@ -320,10 +256,10 @@ class Coordinator:
                 continue  # a live worker cancels its own calls; a kill of ours is under way
 
             async def cancel(eff: Row = eff) -> None:
-                effect_dir = self.state_dir / "effects" / eff["effect_id"]
+                effect_dir = self.config.state_dir / "effects" / eff["effect_id"]
                 cause = "stop" if eff["desired_state"] == DesiredState.CANCELLED else "tool"
                 try:
-                    signalled = await cancel_shell(effect_dir, self.cancel_grace_s)
+                    signalled = await cancel_shell(effect_dir, self.config.cancel_grace_s)
                     clean = self.redactor.redact(cancelled_result_text(effect_dir, cause, signalled))
                     await self.db.run(lambda tx: c.commit_cancelled(tx, eff, clean.text, clean.names))
                 finally:
@@ -339,7 +275,7 @@ class Coordinator:
         place of the placeholder, and the unknown-effect restriction no longer counts it."""
         done: list[str] = []
         for eff in rs.unknown_shell_effects(tx):
-            text = shell_result_text(self.state_dir / "effects" / eff["effect_id"])
+            text = shell_result_text(self.config.state_dir / "effects" / eff["effect_id"])
             if text is None:
                 continue
             clean = self.redactor.redact(late_receipt_text(eff["call_id"], text))
@@ -352,83 +288,15 @@ class Coordinator:
         self, tx: Tx, work: Row, session: Row, now: float, models: dict[str, ReasonCode | None],
         dead_workers: frozenset[str] = frozenset(),
     ) -> RecoveryFacts:
-        """Load one work item's facts. ``models`` caches model checks for one pass (a scripted model
-        check parses its file; a pass may run many times a second while work arrives)."""
-        model = session["model"] or self.default_model
-        if model not in models:
-            models[model] = check_model(model)
-        live = rs.live_attempts_of(tx, work["work_id"])
-        owner = Owner.NONE
-        died = any(a["worker_id"] in dead_workers for a in live)  # explain: deaths a pass would confirm
-        for a in live:
-            if a["worker_id"] in dead_workers:
-                continue
-            if a["state"] == "running" and a["w_host"] not in (None, self.me.host_name) and a["w_lease"] < now:
-                owner = Owner.UNREACHABLE
-            else:
-                owner = Owner.LIVE
-        turn = c.open_turn(tx, work)
-        changed: list[str] = []
-        if turn is not None:
-            for eff in rs.planned_tool_digests(tx, turn["turn_id"]):
-                spec = self.registry.get(eff["tool"])
-                if spec is not None and eff["impl_digest"] and spec.digest != eff["impl_digest"]:
-                    changed.append(eff["tool"])
-        latest = rs.latest_attempt(tx, work["work_id"])
-        interrupted = died or (latest is not None and latest["state"] == "dead"
-                               and int(latest["control_version"]) == int(work["control_version"]))
-        pending = rs.has_pending_approval(tx, work["work_id"])
-        revoked = self._revoked_permissions(tx, work, session)
-        if revoked is not None:
-            self._revoked[work["work_id"]] = revoked
-        held = self._budget_problem(tx, work, model, now)
-        return RecoveryFacts(
-            desired_state=DesiredState(work["desired_state"]),
-            reason_code=work["reason_code"],
-            owner=owner,
-            interrupted=interrupted,
-            auto_recover=bool(work["auto_recover"]),
-            pending_approval=pending,
-            goal_wait=goal_wait(tx, work["work_id"]) if work["kind"] == "goal" else None,
-            dependency_wait=ReasonCode.AWAITING_SUBTASK if waits.open_wait_count(tx, work["work_id"]) else None,
-            permission_revoked=revoked is not None,
-            budget_problem=held.code if held else None,
-            cwd_exists=os.path.isdir(session["cwd"]),
-            model_problem=models[model],
-            changed_tools=tuple(changed),
-            recovery_attempts=int(work["recovery_attempts"]),
-            max_recovery_attempts=self.max_recovery_attempts,
-            retry_at=float(work["next_attempt_at"] or 0),
-            now=now,
-            has_open_turn=turn is not None,
-            unknown_effects=tuple(u["call_id"] for u in c.unknown_effects(tx, work["work_id"])),
-        )
-
-    def _revoked_permissions(self, tx: Tx, work: Row, session: Row) -> str | None:
-        """The sentence for people when the scope this work runs with grants more than an authority it
-        derives from allows now: its session, the chat that started it (a Job, or a subtask of one) or
-        its parent (a subtask). The work waits; nothing is widened or narrowed by itself."""
-        saved = json.loads(work["permission_scope"] or "{}")
-        authorities: list[tuple[str, dict[str, Any]]] = [("this session", session["permissions"])]
-        if work["job_id"]:
-            caller = c.get_session(tx, waits.get_job(tx, work["job_id"])["caller_session_id"])
-            authorities.append((f"the chat that started this Job ({caller['title']!r})", caller["permissions"]))
-        if work["parent_work_id"]:
-            parent = c.get_work(tx, work["parent_work_id"])
-            authorities.append(("the parent work", json.loads(parent["permission_scope"] or "{}")))
-        for whose, current in authorities:
-            if lost := scope_lost(saved, current):
-                return (f"The permissions this work ran with were revoked: {whose} no longer allows "
-                        f"{', '.join(lost)}. Grant them again and the work continues by itself; or set this"
-                        " session's permissions to the narrower ones, or End it.")
-        return None
-
-    def _budget_problem(self, tx: Tx, work: Row, model: str, now: float) -> budget.Problem | None:
-        """Hard budgets are rechecked before every admission, recovery included (never a default limit)."""
-        problem = budget.admission_problem(tx, work, model, self.prices, now)
-        if problem is not None:
-            self._held[work["work_id"]] = problem
-        return problem
+        """One work item's facts (``recovery/facts.py``); its budget problem and revoked-permission
+        sentence are kept for this pass's sentences."""
+        found = load_facts(tx, work, session, config=self.config, registry=self.registry, prices=self.prices,
+                           host_name=self.me.host_name, now=now, models=models, dead_workers=dead_workers)
+        if found.revoked is not None:
+            self._revoked[work["work_id"]] = found.revoked
+        if found.held is not None:
+            self._held[work["work_id"]] = found.held
+        return found.facts
 
     def _reconcile(self, tx: Tx, report: RecoveryReport) -> None:
         now = time.time()
@@ -487,7 +355,7 @@ class Coordinator:
                 runnable[sid] = (work, d.mode or RecoveryMode.FRESH, d.restricted)
         if not self.admission_open:
             return
-        free = self.max_concurrent_turns - c.live_attempts(tx)
+        free = self.config.max_concurrent_turns - c.live_attempts(tx)
         # round-robin: the session admitted least recently goes first
         order = sorted(runnable.items(), key=lambda kv: (sessions[kv[0]]["last_admitted_at"], kv[1][0]["created_at"]))
         for _sid, (work, mode, restricted) in order:
@@ -509,11 +377,11 @@ class Coordinator:
         deaths = int(work["recovery_attempts"])
         if code == ReasonCode.RECOVERY_ATTEMPTS_EXCEEDED:
             return (f"The executor died {deaths} times in a row while this work ran (at most"
-                    f" {self.max_recovery_attempts} recoveries); Retry, Pause or End it.")
+                    f" {self.config.max_recovery_attempts} recoveries); Retry, Pause or End it.")
         if code == ReasonCode.RECOVERY_BACKOFF:
             wait = max(0.0, float(work["next_attempt_at"] or 0) - now)
             return (f"The executor died while this work ran ({deaths} times in a row); recovery"
-                    f" {deaths} of {self.max_recovery_attempts} starts in {wait:.1f} s.")
+                    f" {deaths} of {self.config.max_recovery_attempts} starts in {wait:.1f} s.")
         return None
 
     # ------------------------------------------------------------------ explanations

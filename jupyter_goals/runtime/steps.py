@@ -61,3 +61,12 @@ def next_step(f: StepFacts) -> StepDecision:
     if not steer and f.last_kind == ItemKind.ASSISTANT and not f.last_has_calls:
         return StepDecision(StepKind.FINISH)
     return StepDecision(StepKind.PROVIDER, consume_steer=steer)
+
+
+@dataclass
+class Step:
+    """A decision as applied: the step the loop runs next (with the call and approval it is about)."""
+
+    kind: StepKind
+    effect: dict[str, Any] | None = None
+    approval: dict[str, Any] | None = None

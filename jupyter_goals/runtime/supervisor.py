@@ -1,17 +1,19 @@
 """The worker supervisor: starts ``python -m jupyter_goals.runtime.worker`` processes, reaps them, reports
-each exit to the Coordinator (a reaped worker is a confirmed death) and restarts it."""
+each exit to the Coordinator (a reaped worker is a confirmed death) and restarts it.
+
+A worker's command line names only its id; its configuration (``GoalsConfig``, the server's secrets
+included) is one JSON document written to its stdin, so no setting or secret is in its argv (which
+every local user can read) or its environment (which its tool processes could inherit)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_goals.config import GoalsConfig
@@ -19,54 +21,17 @@ from jupyter_goals.config import GoalsConfig
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class WorkerConfig:
-    control_url: str
-    state_dir: str
-    default_model: str
-    capacity: int
-    heartbeat_s: float
-    lease_ttl_s: float
-    retry_base_s: float
-    trusted_tools: dict[str, Any] = field(default_factory=dict)
-    price_table: str = ""
-    tool_env_allow: list[str] = field(default_factory=list)
-    cancel_grace_s: float = 5.0
-    safety_tick_s: float = 1.0
-    # the server's own credentials ({NAME: value}, e.g. its token): redacted by workers, never in their env
-    secrets: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_config(cls, config: GoalsConfig) -> WorkerConfig:
-        """What a worker process needs of the server's configuration (passed on its command line;
-        the secrets on its stdin)."""
-        return cls(
-            control_url=config.control_db_url,
-            state_dir=str(config.state_dir),
-            default_model=config.default_model,
-            capacity=config.max_concurrent_turns,
-            heartbeat_s=config.heartbeat_s,
-            lease_ttl_s=config.lease_ttl_s,
-            retry_base_s=config.retry_base_s,
-            trusted_tools=dict(config.trusted_tools or {}),
-            price_table=config.price_table,
-            tool_env_allow=list(config.tool_env_allow),
-            cancel_grace_s=config.cancel_grace_s,
-            safety_tick_s=config.safety_tick_s,
-            secrets=dict(config.secrets),
-        )
-
-
 # set by GoalsApp for the kernels the server starts; a worker (and so every tool) never needs them
 SERVER_ONLY_ENV = ("JUPYTER_GOALS_TOKEN", "JUPYTER_GOALS_SERVER_URL", "JUPYTER_TOKEN")
 
 
 class Supervisor:
-    def __init__(self, count: int, config: WorkerConfig, on_exit: Callable[[str, int], Awaitable[bool | None]]) -> None:
-        """``on_exit`` recovers after a worker exit; it answers True when the death was charged to work
-        the worker ran (that work's own growing backoff then throttles it, so the worker comes back at once)."""
-        self.count = count
+    def __init__(self, config: GoalsConfig, on_exit: Callable[[str, int], Awaitable[bool | None]]) -> None:
+        """Keeps ``config.workers`` workers running. ``on_exit`` recovers after a worker exit; it answers
+        True when the death was charged to work the worker ran (that work's own growing backoff then
+        throttles it, so the worker comes back at once)."""
         self.config = config
+        self.document = config.document().encode() + b"\n"
         self.on_exit = on_exit
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.tasks: list[asyncio.Task[None]] = []
@@ -74,26 +39,17 @@ class Supervisor:
         self.restarts = 0
 
     async def start(self) -> None:
-        for slot in range(self.count):
+        for slot in range(self.config.workers):
             self.tasks.append(asyncio.create_task(self._keep_running(slot)))
 
     async def _spawn(self) -> tuple[str, asyncio.subprocess.Process]:
         worker_id = f"w_{uuid.uuid4().hex[:12]}"
-        cfg = self.config
-        args = [
-            sys.executable, "-m", "jupyter_goals.runtime.worker", "--worker-id", worker_id,
-            "--control-url", cfg.control_url, "--state-dir", cfg.state_dir, "--capacity", str(cfg.capacity),
-            "--heartbeat-s", str(cfg.heartbeat_s), "--lease-ttl-s", str(cfg.lease_ttl_s),
-            "--default-model", cfg.default_model, "--trusted-tools", json.dumps(cfg.trusted_tools),
-            "--retry-base-s", str(cfg.retry_base_s), "--price-table", cfg.price_table,
-            "--tool-env-allow", json.dumps(cfg.tool_env_allow), "--secrets-on-stdin",
-            "--cancel-grace-s", str(cfg.cancel_grace_s), "--safety-tick-s", str(cfg.safety_tick_s),
-        ]
+        args = [sys.executable, "-m", "jupyter_goals.runtime.worker", "--worker-id", worker_id]
         env = {k: v for k, v in os.environ.items() if k not in SERVER_ONLY_ENV}
         proc = await asyncio.create_subprocess_exec(*args, env=env, stdin=asyncio.subprocess.PIPE)
         assert proc.stdin is not None
-        proc.stdin.write(json.dumps(cfg.secrets).encode() + b"\n")
-        proc.stdin.close()  # the worker reads one line; a closed pipe is EOF for anything after it
+        proc.stdin.write(self.document)
+        proc.stdin.close()  # the worker reads its stdin to the end: the configuration, then EOF
         self.procs[worker_id] = proc
         log.info("started worker %s (pid %s)", worker_id, proc.pid)
         return worker_id, proc

@@ -2,7 +2,7 @@
 
 It registers with a new generation, heartbeats its lease, claims admitted attempts and runs them
 concurrently up to its capacity. It never decides recovery. It looks for an attempt to claim when
-the admission loop wakes it (``store/notify.py``), when one of its attempts ends, and on a slow
+the admission loop wakes it (``host/wake.py``), when one of its attempts ends, and on a slow
 safety tick; finding none takes a read only. An attempt's end wakes the admission loop. SQLite transactions run inline on its
 event loop (one short fsync'd commit per step; see docs/architecture.md).
 """
@@ -12,15 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
-import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from pathlib import Path
 
 from jupyter_goals import faults
+from jupyter_goals.config import ConfigError, GoalsConfig
 from jupyter_goals.host.secrecy import Redactor
 from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, Listener, Notifier
 from jupyter_goals.identity import ProcessIdentity
@@ -34,6 +32,7 @@ from jupyter_goals.usage.prices import PriceTable, PriceTableError, load_price_t
 
 log = logging.getLogger("jupyter_goals.runtime.worker")
 ATTEMPT_CRASHED_EXIT = 70  # EX_SOFTWARE: an attempt failed part-way; its recovery follows from the exit
+INVALID_CONFIG_EXIT = 78  # EX_CONFIG: the configuration document on stdin is not one this code accepts
 
 
 def die_with_parent() -> None:
@@ -46,50 +45,30 @@ def die_with_parent() -> None:
 
 
 class Worker:
-    def __init__(
-        self,
-        worker_id: str,
-        control_url: str,
-        state_dir: Path,
-        *,
-        capacity: int,
-        heartbeat_s: float,
-        lease_ttl_s: float,
-        default_model: str,
-        trusted_tools: dict[str, dict[str, str]] | None = None,
-        safety_tick_s: float = 1.0,
-        retry_base_s: float = 1.0,
-        prices: PriceTable | None = None,
-        tool_env_allow: Sequence[str] = (),
-        redactor: Redactor | None = None,
-        cancel_grace_s: float = 5.0,
-    ) -> None:
-        self.cancel_grace_s = cancel_grace_s
-        self.histories = HistoryCache()  # each session's provider-ready history, kept across its attempts
+    def __init__(self, worker_id: str, config: GoalsConfig, *, redactor: Redactor | None = None) -> None:
+        """A worker of the server configured by ``config``: its stores, state dir, capacity
+        (``max_concurrent_turns``), lease, heartbeat, tools, prices and the settings its turns run with.
+        ``redactor``: what it hides from tool output (default: this process's credentials and the
+        server's ``secrets``)."""
+        self.config = config
         self.worker_id = worker_id
-        self.tool_env_allow = list(tool_env_allow)
-        self.redactor = redactor if redactor is not None else Redactor.from_environment()
-        self.prices = prices
-        self.db = Database(control_url, inline=True)
-        self.state_dir = state_dir
-        self.capacity = capacity
-        self.heartbeat_s = heartbeat_s
-        self.lease_ttl_s = lease_ttl_s
-        self.default_model = default_model
-        self.registry = ToolRegistry(trusted_tools)
-        self.safety_tick_s = safety_tick_s
+        self.histories = HistoryCache()  # each session's provider-ready history, kept across its attempts
+        self.redactor = redactor if redactor is not None else Redactor.from_environment(extra=config.secrets)
+        self.prices = worker_prices(config.price_table)
+        self.db = Database(config.control_db_url, inline=True)
+        self.registry = ToolRegistry(config.trusted_tools)
         # admitted attempts, a stop, a finished task
-        self.wakeups = Listener(state_dir, ATTEMPTS, worker_id, url=control_url)
-        self.notifier = Notifier(state_dir, url=control_url)
-        self.retry_base_s = retry_base_s
+        self.wakeups = Listener(config.state_dir, ATTEMPTS, worker_id, url=config.control_db_url)
+        self.notifier = Notifier(config.state_dir, url=config.control_db_url)
         self.generation = 0
         self.tasks: dict[asyncio.Task[None], TurnRunner] = {}
         self.stopping = asyncio.Event()
 
     async def run(self) -> None:
         me = ProcessIdentity.current()
+        ttl = self.config.lease_ttl_s
         self.generation = await self.db.run(
-            lambda tx: c.register_worker(tx, self.worker_id, me.host_name, me.boot_id, me.pid, me.start_time, self.lease_ttl_s)
+            lambda tx: c.register_worker(tx, self.worker_id, me.host_name, me.boot_id, me.pid, me.start_time, ttl)
         )
         log.info("worker %s registered, generation %s", self.worker_id, self.generation)
         self.wakeups.start()  # bound before the first look, so no wake-up is missed
@@ -97,7 +76,7 @@ class Worker:
         try:
             while not self.stopping.is_set():
                 claimed = False
-                if len(self.tasks) < self.capacity:
+                if len(self.tasks) < self.config.max_concurrent_turns:
                     attempt = await self.db.run_write_if_needed(self._claim)  # nothing admitted: a read only
                     if attempt is not None:
                         claimed = True
@@ -106,7 +85,7 @@ class Worker:
                         self.tasks[task] = runner
                         task.add_done_callback(self._finished)
                 if not claimed:
-                    await self.wakeups.wait(self.safety_tick_s)
+                    await self.wakeups.wait(self.config.safety_tick_s)
         finally:
             await self._shutdown()
             beat.cancel()
@@ -129,13 +108,8 @@ class Worker:
         return attempt
 
     def _runner(self, attempt: Row) -> TurnRunner:
-        return TurnRunner(
-            self.db, attempt, state_dir=self.state_dir, registry=self.registry, default_model=self.default_model,
-            cwd=attempt["cwd"], retry_base_s=self.retry_base_s, prices=self.prices,
-            tool_env_allow=self.tool_env_allow, redactor=self.redactor.with_secrets(key_file_secrets()),
-            cancel_grace_s=self.cancel_grace_s,
-            histories=self.histories,
-        )
+        return TurnRunner(self.db, attempt, self.config, cwd=attempt["cwd"], registry=self.registry, prices=self.prices,
+                          redactor=self.redactor.with_secrets(key_file_secrets()), histories=self.histories)
 
     async def _run_attempt(self, runner: TurnRunner) -> None:
         attempt = runner.attempt
@@ -166,14 +140,17 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         while True:
-            await asyncio.sleep(self.heartbeat_s)
+            await asyncio.sleep(self.config.heartbeat_s)
             try:
-                alive = await self.db.run(lambda tx: c.heartbeat_worker(tx, self.worker_id, self.generation, self.lease_ttl_s))
+                alive = await self.db.run(self._beat)
             except StorageUnavailable:
                 continue
             if not alive:  # our generation was fenced: stop at once, write nothing more
                 log.error("worker %s generation %s fenced; exiting", self.worker_id, self.generation)
                 os._exit(3)
+
+    def _beat(self, tx: Tx) -> bool:
+        return c.heartbeat_worker(tx, self.worker_id, self.generation, self.config.lease_ttl_s)
 
     async def _shutdown(self, grace_s: float = 5.0) -> None:
         """Graceful stop: waits on detached processes are dropped at once (the next attempt reconnects
@@ -195,43 +172,36 @@ class Worker:
         self.notifier.notify(ADMISSION)  # handed-back attempts are queued again
 
 
+def worker_prices(path: str) -> PriceTable | None:
+    """The server's price table (``price_table``; empty: the bundled one). Unreadable: quotes stay
+    unknown, so hard cost budgets are then unverifiable."""
+    try:
+        return load_price_table(path or None)
+    except PriceTableError as exc:
+        log.error("price table unreadable: %s", exc)
+        return None
+
+
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m jupyter_goals.runtime.worker")
+    p = argparse.ArgumentParser(
+        prog="python -m jupyter_goals.runtime.worker",
+        description="A worker of a jupyter_goals server. Its configuration is one JSON document on stdin"
+        " (jupyter_goals.config.GoalsConfig, the server's secrets included), never flags or environment"
+        " variables.")
     p.add_argument("--worker-id", required=True)
-    p.add_argument("--control-url", required=True)
-    p.add_argument("--state-dir", required=True)
-    p.add_argument("--capacity", type=int, default=8)
-    p.add_argument("--heartbeat-s", type=float, default=2.0)
-    p.add_argument("--lease-ttl-s", type=float, default=10.0)
-    p.add_argument("--default-model", required=True)
-    p.add_argument("--trusted-tools", default="{}")
-    p.add_argument("--retry-base-s", type=float, default=1.0)
-    p.add_argument("--price-table", default="", help="the server's price table file (empty: the bundled one)")
-    p.add_argument("--tool-env-allow", default="[]", help="JSON list: variables tool processes may see")
-    p.add_argument("--secrets-on-stdin", action="store_true",
-                   help="read one JSON object {NAME: value} of secrets to redact (the server's token) from stdin")
-    p.add_argument("--cancel-grace-s", type=float, default=5.0)
-    p.add_argument("--safety-tick-s", type=float, default=1.0)
     p.add_argument("--no-parent-death", action="store_true")
     args = p.parse_args(argv)
-    # the server's token reaches the worker on a pipe, never in its environment (which tools could inherit)
-    extra = json.loads(sys.stdin.readline() or "{}") if args.secrets_on_stdin else {}
+    try:
+        config = GoalsConfig.from_document(sys.stdin.read())
+    except ConfigError as exc:  # the server and its worker disagree: say so and exit, never run on defaults
+        print(f"jupyter_goals worker {args.worker_id}: invalid configuration document on stdin: {exc}",
+              file=sys.stderr, flush=True)
+        sys.exit(INVALID_CONFIG_EXIT)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="[worker %(process)d] %(levelname)s %(message)s")
     if not args.no_parent_death:
         die_with_parent()
-    faults.configure(args.state_dir)
-    try:
-        prices: PriceTable | None = load_price_table(args.price_table or None)
-    except PriceTableError as exc:  # quotes stay unknown: hard cost budgets are then unverifiable
-        log.error("price table unreadable: %s", exc)
-        prices = None
-    worker = Worker(
-        args.worker_id, args.control_url, Path(args.state_dir), capacity=args.capacity, heartbeat_s=args.heartbeat_s,
-        lease_ttl_s=args.lease_ttl_s, default_model=args.default_model, trusted_tools=json.loads(args.trusted_tools),
-        retry_base_s=args.retry_base_s, prices=prices, tool_env_allow=json.loads(args.tool_env_allow),
-        redactor=Redactor.from_environment(extra=extra), cancel_grace_s=args.cancel_grace_s,
-        safety_tick_s=args.safety_tick_s,
-    )
+    faults.configure(config.state_dir)
+    worker = Worker(args.worker_id, config)
 
     async def amain() -> None:
         loop = asyncio.get_running_loop()

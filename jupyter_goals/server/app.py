@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 from importlib.resources import files
-from pathlib import Path
 from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default, validate
 
-from jupyter_goals.config import GoalsConfig
+from jupyter_goals.config import ConfigError, GoalsConfig
 from jupyter_goals.host.secrecy import allow_entry_problem
 from jupyter_goals.server import guard
 from jupyter_goals.server.handlers import handlers
@@ -89,33 +88,12 @@ class GoalsApp(ExtensionApp):
         return demo_model()
 
     def service_config(self) -> GoalsConfig:
-        state = Path(os.environ.get("JUPYTER_GOALS_STATE_DIR") or self.state_dir).expanduser().absolute()
-        return GoalsConfig(
-            state_dir=state,
-            control_db_url=self.control_db_url or f"sqlite:///{state / 'control.db'}",
-            usage_db_url=self.usage_db_url or f"sqlite:///{state / 'usage.db'}",
-            default_model=self.default_model,
-            workers=self.workers,
-            max_concurrent_turns=self.max_concurrent_turns,
-            lease_ttl_s=self.lease_ttl_s,
-            heartbeat_s=self.heartbeat_s,
-            auto_recover=self.auto_recover,
-            allow_cross_host_takeover=self.allow_cross_host_takeover,
-            reconcile_interval_s=self.reconcile_interval_s,
-            safety_tick_s=self.safety_tick_s,
-            trusted_tools=dict(self.trusted_tools),
-            max_recovery_attempts=self.max_recovery_attempts,
-            recovery_backoff_s=self.recovery_backoff_s,
-            retry_base_s=self.provider_retry_base_s,
-            price_table=self.price_table,
-            models=dict(self.models),
-            demo_model=demo_model(),
-            tool_env_allow=tuple(self.tool_env_allow),
-            cancel_grace_s=self.cancel_grace_s,
-            max_request_bytes=self.max_request_bytes,
-            max_message_chars=self.max_message_chars,
-            secrets=self._server_secrets(),
-        )
+        """The one configuration, validated once (``ConfigError`` names each wrong setting): every trait
+        under its own name, ``JUPYTER_GOALS_STATE_DIR`` before ``state_dir``, and the server's secrets."""
+        names = set(self.trait_names(config=True)) & set(GoalsConfig.model_fields)
+        traits = {name: getattr(self, name) for name in names}
+        return GoalsConfig.validated({**traits, "state_dir": os.environ.get("JUPYTER_GOALS_STATE_DIR") or self.state_dir,
+                                      "demo_model": demo_model(), "secrets": self._server_secrets()})
 
     def _server_secrets(self) -> dict[str, str]:
         """The server's own token, redacted from every tool result (it never enters a worker's env)."""
@@ -133,12 +111,16 @@ class GoalsApp(ExtensionApp):
             raise
 
     def initialize_settings(self) -> None:
-        if self._config_error:
+        try:
+            config = self.service_config() if not self._config_error else None
+        except ConfigError as exc:  # a value traitlets accepts but the configuration refuses, e.g. heartbeat_s=0
+            config, self._config_error = None, str(exc)
+        if config is None:
             # traitlets rolled back every GoalsApp setting; running on defaults (another state dir or
             # database, another model) would hide the mistake: the extension is not started at all
             self.log.error("jupyter_goals is not started, its configuration is invalid: %s", self._config_error)
             raise TraitError(f"jupyter_goals is not started, its configuration is invalid: {self._config_error}")
-        self.service = GoalsService(self.service_config())
+        self.service = GoalsService(config)
         self.settings["jupyter_goals_service"] = self.service
         # Jupyter's terminals, kernels and sessions are refused to our tool processes (server/guard.py)
         guard.install(self.settings)

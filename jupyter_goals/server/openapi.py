@@ -3,18 +3,25 @@
 Request bodies come from the same pydantic models the handlers validate with (their schemas state the
 rules between fields too), query arguments from the constants the handlers check them with, so a request
 the document allows is one the server accepts, or answers with a documented 4xx (404 for an unknown id,
-409 for a state that refuses it, 413 for a text over the configured limits); answers are described as
-JSON objects (errors precisely: ``{"error", "message"}``), ``GET /events`` as the stream it is. Pure: no I/O.
+409 for a state that refuses it, 413 for a text over the configured limits). Every answer's schema comes
+from the response model its route builds it with (``server/answers.py``: a ``$ref`` to a component), errors
+included (``Error``); ``GET /events`` is described as the stream it is, and each event kind's payload as a
+component (``jupyter_goals/events.py``; ``Event`` is their union on ``kind``). Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
+from jupyter_goals.events import PAYLOADS, Event, EventKind
 from jupyter_goals.models import (
     ApprovalDecision,
     CreateGoal,
@@ -30,7 +37,9 @@ from jupyter_goals.models import (
     UpdateGoal,
     UpdateSession,
 )
-from jupyter_goals.server.service import CURSOR_PATTERN
+from jupyter_goals.server import answers as a
+from jupyter_goals.server.health import Health
+from jupyter_goals.server.params import CURSOR_PATTERN
 
 REF = "#/components/schemas/{model}"
 ERROR = {"$ref": "#/components/schemas/Error"}
@@ -45,7 +54,7 @@ PROVIDERS = get_args(ModelSpec.model_fields["provider"].annotation)  # the prefi
 ID_PREFIX = {"session_id": "ses", "goal_id": "goal", "approval_id": "apr", "record_id": "hist", "job_id": "job"}
 
 
-# ``PUT /notebook-session``'s ``path`` as ``service.notebook_api_path`` reads it, once ``str.strip`` has taken
+# ``PUT /notebook-session``'s ``path`` as ``params.notebook_api_path`` reads it, once ``str.strip`` has taken
 # the whitespace around it (every character ``isspace`` calls so, spelled out: ``\s`` differs between regex
 # engines): not absolute, no ``..`` segment, and a folder (ending in ``/``) or a named segment. An absolute
 # path inside the server root, or a ``..`` that stays inside it, is read too; the document leaves them out.
@@ -73,6 +82,7 @@ class Operation:
     method: str
     path: str
     summary: str
+    answer: type[BaseModel]  # the model of every success answer (server/answers.py)
     body: type[BaseModel] | None = None
     query: tuple[Query, ...] = ()
     ok: tuple[int, ...] = (200,)
@@ -99,69 +109,66 @@ _EVENTS_DESCRIPTION = (
     " `event:` = kind, `data:` = the event as JSON, a `: keep-alive` comment every 15 s of silence); a client"
     " reads it incrementally and reconnects with `Last-Event-ID`. With `format=json`: one page of events.")
 OPERATIONS: tuple[Operation, ...] = (
-    Operation("get", "/health", "Status, databases, workers, last recovery, host name and boot id", errors=(503,)),
-    Operation("get", "/models", "Configured models with credentials and prices", errors=(503,)),
-    Operation("get", "/recovery", "What the last recovery pass did with each work item", errors=(503,)),
-    Operation("get", "/openapi.json", "This document", errors=()),
-    Operation("get", "/sessions", "Sessions, newest activity first, keyset-paged",
+    Operation("get", "/health", "Status, databases, workers, last recovery, host name and boot id", Health,
+              errors=(503,)),
+    Operation("get", "/models", "Configured models with credentials and prices", a.ModelList, errors=(503,)),
+    Operation("get", "/recovery", "What the last recovery pass did with each work item", a.RecoverySummary,
+              errors=(503,)),
+    Operation("get", "/openapi.json", "This document", a.OpenAPIDocument, errors=()),
+    Operation("get", "/sessions", "Sessions, newest activity first, keyset-paged", a.SessionList,
               query=(Query("limit", {"type": "integer", "minimum": 1, "maximum": 500}), _CURSOR, _SESSION_STATE,
                      Query("q", _STR, "text in the title"))),
-    Operation("post", "/sessions", "Create a session", body=CreateSession, ok=(201,)),
-    Operation("get", "/sessions/{session_id}", "Session snapshot with a transcript page",
+    Operation("post", "/sessions", "Create a session", a.SessionCreated, body=CreateSession, ok=(201,)),
+    Operation("get", "/sessions/{session_id}", "Session snapshot with a transcript page", a.Snapshot,
               query=(_AFTER, _BEFORE, _LIMIT), errors=(400, 404, 503)),
-    Operation("patch", "/sessions/{session_id}", "Change the session's permission scope", body=UpdateSession,
-              errors=(400, 404, 409, 503)),
-    Operation("post", "/sessions/{session_id}/messages", "Send a message (202 once committed)", body=PostMessage,
-              ok=(202,), errors=(400, 404, 409, 503)),
+    Operation("patch", "/sessions/{session_id}", "Change the session's permission scope", a.Snapshot,
+              body=UpdateSession, errors=(400, 404, 409, 503)),
+    Operation("post", "/sessions/{session_id}/messages", "Send a message (202 once committed)", a.MessageAccepted,
+              body=PostMessage, ok=(202,), errors=(400, 404, 409, 503)),
     Operation("post", "/sessions/{session_id}/actions", "Pause, resume, stop, retry, or cancel one running call",
-              body=SessionAction, errors=(400, 404, 409, 503),
+              a.SessionActionAnswer, body=SessionAction, errors=(400, 404, 409, 503),
               description="409 when the session has no work, its work ended, or `expected_control_version` is stale"),
-    Operation("post", "/actions", "Quit and stop all tasks", body=GlobalAction),
-    Operation("get", "/approvals", "Approvals, optionally by state",
+    Operation("post", "/actions", "Quit and stop all tasks", a.StopAllAnswer, body=GlobalAction),
+    Operation("get", "/approvals", "Approvals, optionally by state", a.ApprovalList,
               query=(Query("state", {"enum": list(APPROVAL_STATES)}),)),
-    Operation("post", "/approvals/{approval_id}", "Approve or deny a pending call", body=ApprovalDecision,
-              errors=(400, 404, 409, 503)),
-    Operation("get", "/events", "Server-Sent Events after a seq, or `format=json` pages",
+    Operation("post", "/approvals/{approval_id}", "Approve or deny a pending call", a.ApprovalDecided,
+              body=ApprovalDecision, errors=(400, 404, 409, 503)),
+    Operation("get", "/events", "Server-Sent Events after a seq, or `format=json` pages", a.EventPage,
               query=(Query("after", _SEQ, "the events after this seq (without it: after `Last-Event-ID`, else all)"),
                      Query("format", {"enum": ["json"]}, "`json`: one page instead of the stream"), _LIMIT,
                      Query("Last-Event-ID", _STR, "the stream's resumption point (used when `after` is left out;"
                            " a value that is not a seq means from the start)", location="header")),
               description=_EVENTS_DESCRIPTION),
-    Operation("get", "/usage", "Known cost and tokens, unknown usage, estimate, active time",
+    Operation("get", "/usage", "Known cost and tokens, unknown usage, estimate, active time", a.UsageSummary,
               query=(Query("session_id", id_schema("session_id"), _ONE_OF_IDS),
                      Query("goal_id", id_schema("goal_id"), _ONE_OF_IDS)), errors=(400, 404, 503)),
-    Operation("get", "/goals", "Goals, optionally of one session",
+    Operation("get", "/goals", "Goals, optionally of one session", a.GoalList,
               query=(Query("session_id", id_schema("session_id")),), errors=(400, 404, 503)),
-    Operation("post", "/goals", "Set a Goal", body=CreateGoal, ok=(201,), errors=(400, 404, 409, 503)),
-    Operation("get", "/goals/{goal_id}", "One Goal", errors=(404, 503)),
-    Operation("patch", "/goals/{goal_id}", "Revise a Goal (optimistic revision)", body=UpdateGoal,
+    Operation("post", "/goals", "Set a Goal", a.Goal, body=CreateGoal, ok=(201,), errors=(400, 404, 409, 503)),
+    Operation("get", "/goals/{goal_id}", "One Goal", a.Goal, errors=(404, 503)),
+    Operation("patch", "/goals/{goal_id}", "Revise a Goal (optimistic revision)", a.Goal, body=UpdateGoal,
               errors=(400, 404, 409, 503)),
-    Operation("post", "/goals/{goal_id}/actions", "Pause, resume, verify or end a Goal", body=GoalAction,
+    Operation("post", "/goals/{goal_id}/actions", "Pause, resume, verify or end a Goal", a.Goal, body=GoalAction,
               errors=(400, 404, 409, 503)),
-    Operation("get", "/sessions/{session_id}/history", "Terminal Goal records of a session", errors=(404, 503)),
-    Operation("get", "/history/{record_id}", "One terminal Goal record (read-only snapshot)", errors=(404, 503)),
-    Operation("post", "/jobs", "Start a background Job (202 once committed)", body=CreateJob, ok=(202,),
+    Operation("get", "/sessions/{session_id}/history", "Terminal Goal records of a session", a.HistoryList,
+              errors=(404, 503)),
+    Operation("get", "/history/{record_id}", "One terminal Goal record (read-only snapshot)", a.HistoryRecord,
+              errors=(404, 503)),
+    Operation("post", "/jobs", "Start a background Job (202 once committed)", a.JobAccepted, body=CreateJob, ok=(202,),
               errors=(400, 404, 409, 503)),
-    Operation("get", "/jobs/{job_id}", "One Job", errors=(404, 503)),
+    Operation("get", "/jobs/{job_id}", "One Job", a.Job, errors=(404, 503)),
     Operation("put", "/notebook-session", "The session kept for a notebook path (201 when created, else 200)",
-              body=NotebookSession, ok=(200, 201), errors=(400, 404, 503)),
+              a.NotebookBinding, body=NotebookSession, ok=(200, 201), errors=(400, 404, 503)),
 )
 
 # one event of the stream (OpenAPI before 3.2 has no ``itemSchema``: ``schema`` describes each event, the
 # reading of schemathesis and of OpenAPI 3.2's own SSE example); ``data`` holds the event as JSON
 SSE_EVENT = {
     "type": "object", "required": ["id", "event", "data"],
-    "properties": {"id": {"type": "string", "pattern": "^[0-9]+$"}, "event": {"type": "string"},
+    "properties": {"id": {"type": "string", "pattern": "^[0-9]+$"}, "event": {"$ref": REF.format(model="EventKind")},
                    "data": {"type": "string", "contentMediaType": "application/json",
-                            "contentSchema": {"$ref": "#/components/schemas/Event"}}},
+                            "contentSchema": {"$ref": REF.format(model="Event")}}},
 }
-EVENT = {"type": "object", "required": ["seq", "kind", "payload"],
-         "properties": {"seq": {"type": "integer"}, "kind": {"type": "string"}, "ts": {"type": "number"},
-                        "session_id": {"type": ["string", "null"]}, "work_id": {"type": ["string", "null"]},
-                        "payload": {"type": "object"}}}
-EVENT_PAGE = {"type": "object", "required": ["events", "last_seq"],
-              "properties": {"events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}},
-                             "last_seq": {"type": "integer"}}}
 
 
 def _parameters(op: Operation) -> list[dict[str, Any]]:
@@ -179,14 +186,13 @@ def _parameters(op: Operation) -> list[dict[str, Any]]:
         params.append(item)
     return params
 
-
 def _ok(op: Operation, status: int) -> dict[str, Any]:
+    answer = {"$ref": REF.format(model=op.answer.__name__)}
     if op.path == "/events":
         return {"description": "The event stream, or with `format=json` one page of events", "content": {
-            "text/event-stream": {"schema": SSE_EVENT},
-            "application/json": {"schema": {"$ref": "#/components/schemas/EventPage"}}}}
+            "text/event-stream": {"schema": SSE_EVENT}, "application/json": {"schema": answer}}}
     return {"description": "Created" if status == 201 else "Accepted" if status == 202 else "OK",
-            "content": {"application/json": {"schema": {"type": "object"}}}}
+            "content": {"application/json": {"schema": answer}}}
 
 
 def model_schema(names: Sequence[str]) -> dict[str, Any]:
@@ -197,14 +203,73 @@ def model_schema(names: Sequence[str]) -> dict[str, Any]:
             "default": None, "description": "a name of GET /models, or provider:model; empty or null: the default"}
 
 
+def _event_name(kind: EventKind) -> str:
+    """``effect.cancel_requested`` → ``EffectCancelRequested``."""
+    return "".join(part.capitalize() for part in re.split(r"[._]", kind.value))
+
+
+def event_schemas(schemas: dict[str, Any]) -> None:
+    """``EventKind``, one ``<Kind>Event`` per kind (the ``Event`` model with ``kind`` fixed and its
+    payload model), and ``Event`` replaced by their union on ``kind``: the events a page or the stream
+    carries. ``schemas`` already holds the payload models' components."""
+    base = schemas["Event"]
+    schemas["EventKind"] = {"title": "EventKind", "type": "string", "enum": [k.value for k in EventKind],
+                            "description": "The kind of an event; `Event` states each kind's payload."}
+    mapping: dict[str, str] = {}
+    for kind, payload in PAYLOADS.items():
+        name = _event_name(kind) + "Event"
+        one = copy.deepcopy(base)
+        one["title"] = name
+        one["description"] = f"`{kind.value}`: {schemas[payload.__name__].get('description', '')}".strip()
+        one["properties"]["kind"] = {"const": kind.value}
+        one["properties"]["payload"] = {"$ref": REF.format(model=payload.__name__)}
+        schemas[name] = one
+        mapping[kind.value] = REF.format(model=name)
+    schemas["Event"] = {"title": "Event", "description": base.get("description", ""),
+                        "oneOf": [{"$ref": ref} for ref in mapping.values()],
+                        "discriminator": {"propertyName": "kind", "mapping": mapping}}
+
+
+def goal_snapshot_schema(goal: dict[str, Any]) -> dict[str, Any]:
+    """A terminal record's ``snapshot``: the Goal as it ended, each key as the Goal answer has it now,
+    none required (a record saved by an older version lacks the keys added since)."""
+    snapshot = {k: v for k, v in copy.deepcopy(goal).items() if k not in ("required", "additionalProperties")}
+    snapshot.update(title="GoalSnapshot", description="The Goal as it was when it ended (a Goal answer as saved).")
+    return snapshot
+
+
+def components(model_names: Sequence[str] = ()) -> dict[str, Any]:
+    """Every schema the document names: request bodies (as the handlers validate them), answers (as the
+    routes serialize them), each event kind's payload, and what they refer to."""
+    schemas = copy.deepcopy(_model_schemas())
+    for body in (CreateSession, NotebookSession):
+        schemas[body.__name__]["properties"]["model"] = model_schema(model_names)
+    return schemas
+
+
+@functools.cache
+def _model_schemas() -> dict[str, Any]:
+    """The schemas generated from the models (once: it takes about 0.1 s)."""
+    wanted: list[tuple[type[BaseModel], JsonSchemaMode]] = []
+    for op in OPERATIONS:
+        if op.body is not None:
+            wanted.append((op.body, "validation"))
+        wanted.append((op.answer, "serialization"))
+    wanted += [(a.Error, "serialization"), (Event, "serialization")]
+    wanted += [(payload, "serialization") for payload in PAYLOADS.values()]
+    _, found = models_json_schema(list(dict.fromkeys(wanted)), ref_template=REF)
+    schemas: dict[str, Any] = found["$defs"]
+    event_schemas(schemas)
+    schemas["GoalSnapshot"] = goal_snapshot_schema(schemas["Goal"])
+    schemas["NotebookSession"]["properties"]["path"].update(
+        pattern=NOTEBOOK_PATH_PATTERN, description="a notebook's path relative to the server root, or a folder's"
+        " ending in `/` (`./` the root); an absolute path inside the root is read too")
+    return dict(sorted(schemas.items()))
+
+
 def document(base_url: str = "/api/goals", model_names: Sequence[str] = ()) -> dict[str, Any]:
     """The whole OpenAPI 3.1 document; ``base_url`` becomes the one server entry, ``model_names`` (the
     server's listed models) the names a session's ``model`` may be besides a ``provider:model`` string."""
-    schemas: dict[str, Any] = {
-        "Error": {"type": "object", "required": ["error", "message"], "additionalProperties": True,
-                  "properties": {"error": {"type": "string"}, "message": {"type": "string"}}},
-        "Event": EVENT, "EventPage": EVENT_PAGE,
-    }
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
         entry: dict[str, Any] = {
@@ -221,29 +286,27 @@ def document(base_url: str = "/api/goals", model_names: Sequence[str] = ()) -> d
         for status in sorted({401, 403, *op.errors, *too_large}):
             entry["responses"][str(status)] = {"description": "Error", "content": {"application/json": {"schema": ERROR}}}
         if op.body is not None:
-            schema = op.body.model_json_schema(ref_template=REF)
-            for name, sub in schema.pop("$defs", {}).items():
-                schemas[name] = sub
-            schemas[op.body.__name__] = schema
             # an empty body is read as {} (server/bodies.py): required only when {} is not a valid body
-            entry["requestBody"] = {"required": bool(schema.get("required")), "content": {"application/json": {
-                "schema": {"$ref": REF.format(model=op.body.__name__)}}}}
+            entry["requestBody"] = {"required": bool(op.body.model_json_schema().get("required")), "content": {
+                "application/json": {"schema": {"$ref": REF.format(model=op.body.__name__)}}}}
         paths.setdefault(op.path, {})[op.method] = entry
-    for body in (CreateSession, NotebookSession):
-        schemas[body.__name__]["properties"]["model"] = model_schema(model_names)
-    schemas["NotebookSession"]["properties"]["path"].update(
-        pattern=NOTEBOOK_PATH_PATTERN, description="a notebook's path relative to the server root, or a folder's"
-        " ending in `/` (`./` the root); an absolute path inside the root is read too")
     return {
         "openapi": "3.1.0",
         "info": {"title": "jupyter_goals", "version": "1",
                  "description": "Durable AI-agent chats, Goals and Jobs for Jupyter (DESIGN §10)."},
         "servers": [{"url": base_url}],
         "components": {
-            "schemas": schemas,
+            "schemas": components(model_names),
             "securitySchemes": {"token": {"type": "apiKey", "in": "header", "name": "Authorization",
                                           "description": "`token <jupyter server token>`"}},
         },
         "security": [{"token": []}],
         "paths": paths,
     }
+
+
+if __name__ == "__main__":  # the front end's snapshot: python -m jupyter_goals.server.openapi > labextension/openapi.json
+    import json
+    import sys
+
+    sys.stdout.write(json.dumps(document(), indent=2) + "\n")

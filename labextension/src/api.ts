@@ -1,224 +1,119 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import type * as ByHand from './handwritten';
+import type { components, paths } from './openapi';
+
+/*
+ * The REST API's types come from its OpenAPI document: `labextension/openapi.json` is a snapshot of
+ * `GET /api/goals/openapi.json` (refreshed with `python -m jupyter_goals.server.openapi >
+ * labextension/openapi.json`; tests/test_openapi_snapshot.py fails while it is stale), and every
+ * build generates `src/openapi.ts` from it with openapi-typescript (`jlpm build:types`). An answer
+ * the document describes only as "an object" so far is typed by the hand-written shape in
+ * `handwritten.ts` instead, until the server describes it.
+ */
+
+/** The document's named schemas: request bodies, `Error`, `Event`, `EventPage`, and what they refer to. */
+export type Schemas = components['schemas'];
+
+type Method = 'get' | 'put' | 'post' | 'patch' | 'delete';
+type Responses<P extends keyof paths, M extends Method> =
+  NonNullable<paths[P][M]> extends { responses: infer R } ? R : never;
+type JsonOf<T> = T extends { content: { 'application/json': infer B } } ? B : never;
+/** The document says no more than "an object" (or nothing) about `T`. */
+type Untyped<T> = unknown extends T
+  ? true
+  : [T] extends [Record<string, unknown>]
+    ? [Record<string, unknown>] extends [T]
+      ? true
+      : false
+    : false;
+
+/** The JSON answer `status` of `method path` as the document describes it, else `Fallback`. */
+export type Answer<
+  P extends keyof paths,
+  M extends Method,
+  S extends keyof Responses<P, M>,
+  Fallback
+> = Untyped<JsonOf<Responses<P, M>[S]>> extends true ? Fallback : JsonOf<Responses<P, M>[S]>;
+
+/** Every JSON request body the document lists (a POST, PUT or PATCH of this API sends one of them). */
+export type RequestBody = {
+  [P in keyof paths]: {
+    [M in Method]: NonNullable<paths[P][M]> extends { requestBody?: infer B } ? JsonOf<NonNullable<B>> : never;
+  }[Method];
+}[keyof paths];
+
+/** `POST /api/goals/sessions` */
+export type ICreateSession = Schemas['CreateSession'];
+/** `POST /api/goals/sessions/{id}/messages` */
+export type IPostMessage = Schemas['PostMessage'];
+/** `POST /api/goals/sessions/{id}/actions` */
+export type ISessionAction = Schemas['SessionAction'];
+/** `POST /api/goals/goals` */
+export type ICreateGoal = Schemas['CreateGoal'];
+/** `POST /api/goals/goals/{id}/actions` */
+export type IGoalAction = Schemas['GoalAction'];
+/** `POST /api/goals/approvals/{id}` */
+export type IApprovalDecision = Schemas['ApprovalDecision'];
+
+/** One entry of `GET /api/goals/events?format=json`, and the `data` of each event of the stream. */
+export type IGoalsEvent = Schemas['Event'];
+
+/**
+ * An event's payload as a plain record, for views that read it as a hint (a badge to move, a card to
+ * refresh); the document types each kind's payload (`IGoalsEvent` narrows on `kind`).
+ */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export function payloadOf(event: IGoalsEvent): Record<string, any> {
+  return (event.payload ?? {}) as Record<string, unknown>;
+}
+/** `GET /api/goals/events?format=json` */
+export type IEventPage = Answer<'/events', 'get', 200, Schemas['EventPage']>;
+
 /** `GET /api/goals/health` */
-export interface IHealth {
-  status: string;
-  databases?: unknown;
-  workers?: unknown;
-  recovery?: unknown;
-  host_name?: string;
-  boot_id?: string;
-}
-
-/** The `work` part of a session summary. */
-export interface IWorkView {
-  work_id?: string;
-  desired_state?: string;
-  phase: string;
-  reason_code: string;
-  reason: string;
-  control_version?: number;
-}
-
-/** Backend-computed button permissions; the UI never infers them from state strings. */
-export interface IActions {
-  can_pause: boolean;
-  can_resume: boolean;
-  /** A session's `stop` (the button "Stop"). */
-  can_stop: boolean;
-  /** A Goal's `end` (the button "End"); for a session, the older name of `can_stop`. */
-  can_end: boolean;
-  can_retry: boolean;
-  can_verify: boolean;
-  reason_code: string;
-}
-
-export interface IRequirement {
-  id: string;
-  text: string;
-  kind: string;
-  command?: string | null;
-  path?: string | null;
-  sha256?: string | null;
-}
-
-export interface IVerdict {
-  requirement_id: string;
-  verdict: string;
-  evidence?: unknown;
-  /** In a Goal's ``verdicts``: checked for its current revision (else ``unknown``, not checked yet). */
-  checked?: boolean;
-}
-
-export interface ITodoItem {
-  id?: string;
-  text: string;
-  status: string;
-  required?: boolean;
-}
-
-/** `GET /api/goals/goals/{id}` (the snapshot's `goal` has the same shape, without usage). */
-export interface IGoal {
-  goal_id: string;
-  session_id: string;
-  objective: string;
-  original_objective?: string;
-  requirements: IRequirement[];
-  state: string;
-  phase: string;
-  reason_code: string;
-  reason: string;
-  revision: number;
-  usage?: { display?: string } | null;
-  actions: IActions;
-  acceptance?: {
-    revision: number;
-    result_version: number;
-    outcome: string;
-    verdicts: IVerdict[];
-  } | null;
-  /** The verdicts that count now, one per requirement, computed by the server. */
-  verdicts?: IVerdict[];
-  todo?: ITodoItem[];
-}
-
-export interface IApproval {
-  approval_id: string;
-  session_id: string;
-  tool: string;
-  arguments: unknown;
-  capability?: string;
-  reason?: string;
-  state: string;
-  unknown_effects?: unknown[];
-}
-
-/** A terminal Goal record: read-only, with its own snapshot and transcript anchor. */
-export interface IHistoryRecord {
-  record_id: string;
-  goal_id: string;
-  session_id: string;
-  state: string;
-  snapshot: IGoal;
-  anchor: { seq: number; item_id: string };
-  created_at: number;
-  read_only: boolean;
-}
-
-/** One durable transcript record (DESIGN §10: at least item_id, seq, kind, role, content). */
-export interface ITranscriptItem {
-  item_id: string;
-  seq: number;
-  kind: string;
-  role: string;
-  content: string;
-  call_id?: string | null;
-  tool?: string | null;
-  arguments?: Record<string, unknown> | null;
-  state?: string | null;
-  work_id?: string | null;
-  turn_id?: string | null;
-  meta?: Record<string, unknown>;
-}
-
-/** A page of the transcript: `next_cursor` pages forward (`after=`), `prev_cursor` backward (`before=`). */
-export interface ITranscriptPage {
-  items: ITranscriptItem[];
-  next_cursor?: number | null;
-  prev_cursor?: number | null;
-}
-
-/** The session row itself (`model` is a configured model name or `provider:model`). */
-export interface ISessionInfo {
-  session_id: string;
-  title?: string | null;
-  cwd?: string | null;
-  model?: string | null;
-  permissions?: { mode?: string; allow?: unknown[] } | null;
-}
-
-/** `GET /api/goals/sessions/{id}` */
-export interface ISessionSnapshot {
-  session: ISessionInfo;
-  work: IWorkView | null;
-  goal: IGoal | null;
-  todo?: ITodoItem[];
-  approvals: IApproval[];
-  actions: IActions;
-  event_seq: number;
-  transcript?: ITranscriptPage;
-}
-
-/** One entry of `GET /api/goals/models`. */
-export interface IModelInfo {
-  name: string;
-  provider: string;
-  model: string;
-  credentials_present: boolean;
-  priced: boolean;
-  default?: boolean;
-  description?: string | null;
-}
-
+export type IHealth = Answer<'/health', 'get', 200, ByHand.IHealth>;
 /** `GET /api/goals/models` */
-export interface IModelList {
-  models: IModelInfo[];
-  default_model?: string | null;
-}
-
-/** One recorded recovery decision of `GET /api/goals/recovery`. */
-export interface IRecoveryItem {
-  work_id: string;
-  session_id: string;
-  session_title?: string | null;
-  kind?: string;
-  outcome: string;
-  reason_code?: string | null;
-  reason?: string | null;
-  decided_at?: number | null;
-  actions?: Partial<IActions> | null;
-}
-
+export type IModelList = Answer<'/models', 'get', 200, ByHand.IModelList>;
+/** One entry of `GET /api/goals/models`. */
+export type IModelInfo = IModelList['models'][number];
 /** `GET /api/goals/recovery`: the last recovery pass. */
-export interface IRecovery {
-  recovered_at?: number | null;
-  host_name?: string;
-  boot_id?: string;
-  counts: Record<string, number>;
-  items: IRecoveryItem[];
-}
-
-/** `POST /api/goals/sessions/{id}/messages` → 202 */
-export interface IMessageAccepted {
-  message_id: string;
-  work_id: string;
-  /** How the server delivers it (a `queue` sent during a recovery becomes `steer`). */
-  delivery?: 'queue' | 'steer';
-}
-
-/** One entry of `GET /api/goals/events?format=json`. */
-export interface IGoalsEvent {
-  seq: number;
-  kind: string;
-  session_id: string | null;
-  work_id: string | null;
-  payload: Record<string, unknown>;
-}
-
-/** One entry of `GET /api/goals/sessions`. */
-export interface ISessionSummary {
-  session_id: string;
-  title?: string | null;
-  model?: string | null;
-  work: IWorkView | null;
-}
-
+export type IRecovery = Answer<'/recovery', 'get', 200, ByHand.IRecovery>;
+/** One recorded recovery decision of `GET /api/goals/recovery`. */
+export type IRecoveryItem = IRecovery['items'][number];
 /** `GET /api/goals/sessions?limit=&cursor=` (keyset paging: `next_cursor` null on the last page). */
-export interface ISessionList {
-  sessions: ISessionSummary[];
-  next_cursor?: string | number | null;
-}
+export type ISessionList = Answer<'/sessions', 'get', 200, ByHand.ISessionList>;
+/** One entry of `GET /api/goals/sessions`. */
+export type ISessionSummary = ISessionList['sessions'][number];
+/** `POST /api/goals/sessions` → 201 */
+export type ISessionCreated = Answer<'/sessions', 'post', 201, ByHand.ISessionCreated>;
+/** `GET /api/goals/sessions/{id}` */
+export type ISessionSnapshot = Answer<'/sessions/{session_id}', 'get', 200, ByHand.ISessionSnapshot>;
+/** The session row itself (`model` is a configured model name or `provider:model`). */
+export type ISessionInfo = ISessionSnapshot['session'];
+/** The `work` part of a session summary. */
+export type IWorkView = NonNullable<ISessionSnapshot['work']>;
+/** Backend-computed button permissions; the UI never infers them from state strings. */
+export type IActions = ISessionSnapshot['actions'];
+/** A page of the transcript: `next_cursor` pages forward (`after=`), `prev_cursor` backward (`before=`). */
+export type ITranscriptPage = NonNullable<ISessionSnapshot['transcript']>;
+/** One durable transcript record (DESIGN §10: at least item_id, seq, kind, role, content). */
+export type ITranscriptItem = ITranscriptPage['items'][number];
+/** `POST /api/goals/sessions/{id}/messages` → 202 */
+export type IMessageAccepted = Answer<'/sessions/{session_id}/messages', 'post', 202, ByHand.IMessageAccepted>;
+/** `GET /api/goals/approvals` */
+export type IApprovalList = Answer<'/approvals', 'get', 200, ByHand.IApprovalList>;
+/** A tool call waiting for a person's decision. */
+export type IApproval = IApprovalList['approvals'][number];
+/** `GET /api/goals/goals/{id}` (the snapshot's `goal` has the same shape, without usage). */
+export type IGoal = Answer<'/goals/{goal_id}', 'get', 200, ByHand.IGoal>;
+export type IRequirement = IGoal['requirements'][number];
+export type IVerdict = NonNullable<IGoal['verdicts']>[number];
+export type ITodoItem = NonNullable<IGoal['todo']>[number];
+/** `GET /api/goals/sessions/{id}/history` */
+export type IHistoryList = Answer<'/sessions/{session_id}/history', 'get', 200, ByHand.IHistoryList>;
+/** A terminal Goal record: read-only, with its own snapshot and transcript anchor. */
+export type IHistoryRecord = Answer<'/history/{record_id}', 'get', 200, ByHand.IHistoryRecord>;
 
 /** A request to the goals REST API that did not produce the expected JSON. */
 export class GoalsAPIError extends Error {
@@ -245,7 +140,7 @@ export async function requestGoalsAPI<T>(
   path: string,
   settings: ServerConnection.ISettings = ServerConnection.makeSettings(),
   method: 'GET' | 'POST' | 'PATCH' = 'GET',
-  body?: unknown
+  body?: RequestBody
 ): Promise<T> {
   const url = URLExt.join(settings.baseUrl, 'api/goals', path);
   const init: RequestInit = { method, cache: 'no-store' };
@@ -314,7 +209,7 @@ export function isSessionList(value: unknown): value is ISessionList {
 /** POST a JSON body under `<baseUrl>/api/goals/…`; rejects like `requestGoalsAPI`. */
 export function postGoalsAPI<T>(
   path: string,
-  body: unknown,
+  body: RequestBody,
   settings: ServerConnection.ISettings = ServerConnection.makeSettings()
 ): Promise<T> {
   return requestGoalsAPI<T>(path, settings, 'POST', body);

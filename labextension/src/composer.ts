@@ -4,7 +4,9 @@ import { Widget } from '@lumino/widgets';
 
 import {
   GoalsAPIError,
+  ICreateGoal,
   IGoal,
+  IGoalAction,
   IMessageAccepted,
   ISessionSnapshot,
   postGoalsAPI
@@ -33,7 +35,7 @@ export interface IComposerHost {
   /** A message or Goal was accepted: re-read the session. */
   onSent(): void;
   /** A Goal action (Verify, End) from the composer's Goal line. */
-  onGoalAction(path: string, body: unknown): Promise<void>;
+  onGoalAction(path: string, body: IGoalAction): Promise<void>;
 }
 
 type OutgoingState = 'sending' | 'retrying' | 'accepted' | 'failed';
@@ -205,7 +207,7 @@ export class Composer {
       showAlert(this._alert, 'A Goal needs an objective.');
       return;
     }
-    const body: Record<string, unknown> = { session_id: this._sessionId, objective: value.objective };
+    const body: ICreateGoal = { session_id: this._sessionId, objective: value.objective };
     if (value.requirements.length > 0) {
       body.requirements = value.requirements.map(text => ({ text, kind: 'semantic' }));
     }

@@ -2,8 +2,10 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import {
   IGoal,
+  IHistoryList,
   IHistoryRecord,
   ISessionSnapshot,
+  RequestBody,
   requestGoalsAPI
 } from './api';
 import { debounce, sharedEventFeed } from './events';
@@ -134,7 +136,7 @@ export class SessionDetail {
     const id = encodeURIComponent(sessionId);
     const [snapshot, history] = await Promise.all([
       requestGoalsAPI<ISessionSnapshot>(`sessions/${id}`, this._settings),
-      requestGoalsAPI<{ records: IHistoryRecord[] }>(`sessions/${id}/history`, this._settings)
+      requestGoalsAPI<IHistoryList>(`sessions/${id}/history`, this._settings)
     ]);
     // the snapshot's goal has no usage; the Goal answer has it
     const goal = snapshot.goal
@@ -217,7 +219,7 @@ export class SessionDetail {
     replaceKeepingFocus(this._body, ...parts);
   }
 
-  private async _act(path: string, body: unknown): Promise<void> {
+  private async _act(path: string, body: RequestBody): Promise<void> {
     await postAction(path, body, this._settings, this._alert);
     this._onChanged();
     await this.refresh();

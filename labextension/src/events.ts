@@ -1,7 +1,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { IGoalsEvent, requestGoalsAPI } from './api';
+import { IEventPage, IGoalsEvent, requestGoalsAPI } from './api';
 
 /**
  * A listener gets new events in order, or `null`: "rebuild from REST", sent when the feed starts,
@@ -20,11 +20,6 @@ const POLLS_BEFORE_STREAM_RETRY = 10;
 const PAGE = 500;
 /** `after=` larger than any seq: answers no events, only `last_seq`. */
 const NEWEST = Number.MAX_SAFE_INTEGER;
-
-interface IEventPage {
-  events: IGoalsEvent[];
-  last_seq: number;
-}
 
 /** The stream ended or broke after it had opened (the server went away, a proxy cut it). */
 class StreamClosed extends Error {}

@@ -3,13 +3,15 @@ import { ServerConnection } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
 import {
-  IApproval,
+  IApprovalList,
   IGoal,
   IGoalsEvent,
   IHistoryRecord,
   ISessionSnapshot,
   ITranscriptItem,
+  payloadOf,
   postGoalsAPI,
+  RequestBody,
   requestGoalsAPI
 } from './api';
 import { debounce, sharedEventFeed } from './events';
@@ -95,7 +97,7 @@ abstract class LiveOutput extends Widget implements IRenderMime.IRenderer {
   protected abstract concerns(event: IGoalsEvent): boolean;
 
   /** POST an action, show a refusal (409 included) clearly, then re-read. */
-  protected async act(path: string, body: unknown): Promise<void> {
+  protected async act(path: string, body: RequestBody): Promise<void> {
     try {
       await postGoalsAPI(path, body, this.settings);
       showAlert(this._alert, null);
@@ -135,7 +137,7 @@ class GoalOutput extends LiveOutput {
   protected concerns(event: IGoalsEvent): boolean {
     const sessionId = this._sessionId ?? this.ids.session_id;
     return (
-      event.payload?.goal_id === this.ids.goal_id ||
+      payloadOf(event).goal_id === this.ids.goal_id ||
       (!!sessionId && event.session_id === sessionId)
     );
   }
@@ -147,7 +149,7 @@ class ApprovalOutput extends LiveOutput {
   protected readonly kind = 'approval';
 
   protected async load(): Promise<HTMLElement> {
-    const { approvals } = await requestGoalsAPI<{ approvals: IApproval[] }>('approvals', this.settings);
+    const { approvals } = await requestGoalsAPI<IApprovalList>('approvals', this.settings);
     const approval = approvals.find(a => a.approval_id === this.ids.approval_id);
     if (!approval) {
       throw new Error(`approval ${this.ids.approval_id} not found on this server`);
@@ -160,7 +162,7 @@ class ApprovalOutput extends LiveOutput {
   protected concerns(event: IGoalsEvent): boolean {
     return (
       event.kind.startsWith('approval.') &&
-      (event.payload?.approval_id === this.ids.approval_id || event.session_id === this.ids.session_id)
+      (payloadOf(event).approval_id === this.ids.approval_id || event.session_id === this.ids.session_id)
     );
   }
 }

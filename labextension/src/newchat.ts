@@ -2,13 +2,13 @@ import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { ServerConnection } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
-import { IModelList, postGoalsAPI } from './api';
+import { ICreateSession, IModelList, ISessionCreated, postGoalsAPI } from './api';
 import { field } from './composer';
 import { modelCatalog } from './models';
 import { actionErrorText, el } from './views';
 
-/** What the "New chat" form sends as `POST /api/goals/sessions`. */
-export interface INewChat {
+/** What the "New chat" form sends as `POST /api/goals/sessions` (an `ICreateSession`). */
+export interface INewChat extends ICreateSession {
   title?: string;
   cwd?: string;
   model?: string;
@@ -138,7 +138,7 @@ export async function newChat(
     return null;
   }
   try {
-    const created = await postGoalsAPI<{ session_id: string }>('sessions', result.value, settings);
+    const created = await postGoalsAPI<ISessionCreated>('sessions', result.value, settings);
     return created.session_id;
   } catch (error) {
     await showDialog({

@@ -1,6 +1,6 @@
 import { Notification } from '@jupyterlab/apputils';
 
-import { IApproval, IGoalsEvent, requestGoalsAPI } from './api';
+import { IApproval, IApprovalList, IGoalsEvent, payloadOf, requestGoalsAPI } from './api';
 import { sharedEventFeed } from './events';
 
 /** What a notification says and the key that makes it appear once. */
@@ -16,8 +16,8 @@ export interface INotice {
  * achieved. Pure: the same event always gives the same key, so a repeated event is not shown twice.
  */
 export function noticeFor(event: IGoalsEvent): INotice | null {
-  const p = event.payload ?? {};
-  const sessionId = event.session_id;
+  const p = payloadOf(event);
+  const sessionId = event.session_id ?? null;
   switch (event.kind) {
     case 'approval.requested':
       return {
@@ -85,7 +85,7 @@ export function startNotifications(open: (sessionId: string) => void): () => voi
     // center keeps it until dismissed
     Notification.emit(notice.message, notice.type, { autoClose: notice.type === 'error' ? 15000 : 8000, actions });
   };
-  requestGoalsAPI<{ approvals: IApproval[] }>('approvals?state=pending')
+  requestGoalsAPI<IApprovalList>('approvals?state=pending')
     .then(answer => {
       for (const approval of answer.approvals ?? []) {
         if (approval.state === 'pending') {

@@ -5,10 +5,12 @@ import { Widget } from '@lumino/widgets';
 import {
   GoalsAPIError,
   IGoalsEvent,
-  IHistoryRecord,
+  IHistoryList,
   IModelInfo,
   ISessionSnapshot,
   ITranscriptItem,
+  payloadOf,
+  RequestBody,
   requestGoalsAPI
 } from './api';
 import { Composer } from './composer';
@@ -190,7 +192,7 @@ export class SessionView extends Widget {
 
   /** Event payloads are hints: effect states move a call's badge, drafts show streamed text. */
   private _onEvent(event: IGoalsEvent): void {
-    const payload = event.payload ?? {};
+    const payload = payloadOf(event);
     if (event.kind === 'effect.state' && typeof payload.call_id === 'string' && typeof payload.state === 'string') {
       this._transcript.setEffectState(payload.call_id, payload.state);
     } else if (/draft|delta/.test(event.kind)) {
@@ -373,7 +375,7 @@ export class SessionView extends Widget {
 
   private async _openRecord(item: ITranscriptItem): Promise<void> {
     try {
-      const answer = await requestGoalsAPI<{ records: IHistoryRecord[] }>(
+      const answer = await requestGoalsAPI<IHistoryList>(
         `sessions/${encodeURIComponent(this.sessionId)}/history`,
         this._settings
       );
@@ -391,7 +393,7 @@ export class SessionView extends Widget {
     }
   }
 
-  private async _act(path: string, body: unknown): Promise<void> {
+  private async _act(path: string, body: RequestBody): Promise<void> {
     await postAction(path, body, this._settings, this._alert);
     await this.refresh();
   }

@@ -372,7 +372,7 @@ export class GoalsSidebar extends Widget {
     list.setAttribute('role', 'listbox');
     const selected = this._detail.sessionId;
     for (const session of sessions) {
-      const model = session.model ? this._modelNames.get(session.model) ?? session.model : null;
+      const model = session.model ? this._modelNames.get(session.model) ?? session.model : '';
       const row = sessionRow({ ...session, model }, model ? this._modelAbout.get(model) ?? '' : '');
       row.classList.toggle('jp-mod-selected', session.session_id === selected);
       row.setAttribute('aria-selected', String(session.session_id === selected));

@@ -7,8 +7,11 @@ import {
   IActions,
   IApproval,
   IGoal,
+  IGoalAction,
   IHistoryRecord,
-  postGoalsAPI
+  ISessionAction,
+  postGoalsAPI,
+  RequestBody
 } from './api';
 
 /**
@@ -65,16 +68,21 @@ export function button(
   return node;
 }
 
+/** The controls of a session's action bar (`cancel_tool` is a running call's own button). */
+export type SessionControl = Exclude<ISessionAction['action'], 'cancel_tool'>;
+/** The controls of a Goal's action bar. */
+export type GoalControl = IGoalAction['action'];
+
 /** One button of an action bar and the backend flag that enables it. */
-export interface IActionSpec {
-  action: string;
+export interface IActionSpec<A extends string = string> {
+  action: A;
   label: string;
   flag: keyof Omit<IActions, 'reason_code'>;
   /** The tooltip of an enabled button (what it does). */
   hint?: string;
 }
 
-export const SESSION_ACTIONS: IActionSpec[] = [
+export const SESSION_ACTIONS: IActionSpec<SessionControl>[] = [
   { action: 'pause', label: 'Pause', flag: 'can_pause' },
   { action: 'resume', label: 'Resume', flag: 'can_resume' },
   { action: 'retry', label: 'Retry', flag: 'can_retry' },
@@ -82,7 +90,7 @@ export const SESSION_ACTIONS: IActionSpec[] = [
 ];
 
 /** The session view's bar, with what each action does as its tooltip. */
-export const SESSION_VIEW_ACTIONS: IActionSpec[] = [
+export const SESSION_VIEW_ACTIONS: IActionSpec<SessionControl>[] = [
   {
     action: 'pause',
     label: 'Pause',
@@ -99,7 +107,7 @@ export const SESSION_VIEW_ACTIONS: IActionSpec[] = [
   { action: 'retry', label: 'Retry', flag: 'can_retry', hint: 'Retry: run the failed work again' }
 ];
 
-export const GOAL_ACTIONS: IActionSpec[] = [
+export const GOAL_ACTIONS: IActionSpec<GoalControl>[] = [
   { action: 'pause', label: 'Pause', flag: 'can_pause' },
   { action: 'resume', label: 'Resume', flag: 'can_resume' },
   { action: 'verify', label: 'Verify', flag: 'can_verify' },
@@ -110,12 +118,12 @@ export const GOAL_ACTIONS: IActionSpec[] = [
  * Buttons `<prefix>-<action>`, enabled exactly when the backend's flag is true; a disabled one
  * says why in its tooltip. While one request runs, the whole bar is disabled.
  */
-export function actionBar(
+export function actionBar<A extends string>(
   prefix: string,
-  specs: IActionSpec[],
+  specs: IActionSpec<A>[],
   actions: IActions,
   why: string,
-  onAction: (action: string) => Promise<void>
+  onAction: (action: A) => Promise<void>
 ): HTMLElement {
   const bar = el('div', 'jp-goals-actions', undefined, `${prefix}-actions`);
   const buttons: HTMLButtonElement[] = [];
@@ -147,7 +155,7 @@ export function actionBar(
 export function currentVerdicts(goal: IGoal): Map<string, string> {
   const verdicts = new Map<string, string>();
   for (const v of goal.verdicts ?? []) {
-    if (v.checked) {
+    if (v.checked && v.requirement_id) {
       verdicts.set(v.requirement_id, v.verdict);
     }
   }
@@ -157,7 +165,7 @@ export function currentVerdicts(goal: IGoal): Map<string, string> {
 export interface IGoalViewOptions {
   /** A terminal record: no buttons, marked read-only. */
   readOnly?: boolean;
-  onAction?: (action: string) => Promise<void>;
+  onAction?: (action: GoalControl) => Promise<void>;
 }
 
 /** The Goal: objective, state / phase / reason, requirements with verdicts, Todo, usage, actions. */
@@ -185,13 +193,14 @@ export function goalView(goal: IGoal, options: IGoalViewOptions = {}): HTMLEleme
   if (goal.requirements.length > 0) {
     const list = el('ul', 'jp-goals-requirements', undefined, 'goals-goal-requirements');
     for (const req of goal.requirements) {
-      const verdict = verdicts.get(req.id) ?? 'unknown';
+      const id = req.id ?? '';
+      const verdict = verdicts.get(id) ?? 'unknown';
       const item = el('li', 'jp-goals-requirement', undefined, 'goals-goal-requirement');
-      item.dataset.requirementId = req.id;
+      item.dataset.requirementId = id;
       item.dataset.verdict = verdict;
       const cls = `jp-goals-verdict jp-goals-verdict-${cssToken(verdict)}`;
       const mark = el('span', cls, verdict, 'goals-goal-verdict');
-      if (!verdicts.has(req.id)) {
+      if (!verdicts.has(id)) {
         mark.title = 'Not checked for this revision yet';
       }
       item.append(mark, el('span', 'jp-goals-requirement-text', req.text));
@@ -307,7 +316,7 @@ export function historyRow(record: IHistoryRecord): HTMLElement {
 /** The Goal details dialog in read-only historical mode; focus returns where it was on close. */
 export async function showHistoryDetails(record: IHistoryRecord): Promise<void> {
   const body = el('div', 'jp-goals-history-dialog', undefined, 'goals-history-dialog');
-  body.append(goalView(record.snapshot, { readOnly: true }));
+  body.append(goalView(record.snapshot as IGoal, { readOnly: true })); // the Goal answer as it ended
   const when = new Date(record.created_at * 1000).toLocaleString();
   const where = `Ended ${when} · transcript position ${record.anchor.seq}`;
   body.append(el('div', 'jp-goals-updated', where, 'goals-history-anchor'));
@@ -381,7 +390,7 @@ export function actionErrorText(error: unknown): string {
 /** POST an action; its refusal (a 409 included) goes to `alert`, success clears it. Never rejects. */
 export async function postAction(
   path: string,
-  body: unknown,
+  body: RequestBody,
   settings: ServerConnection.ISettings,
   alert: HTMLElement
 ): Promise<void> {
