@@ -1,0 +1,7 @@
+"""``python -m jupyter_goals.clients.acp``: the ACP agent over stdio."""
+
+import sys
+
+from jupyter_goals.clients.acp import main
+
+sys.exit(main())

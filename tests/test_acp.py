@@ -1,0 +1,361 @@
+"""The ACP agent (issue 29) driven by the SDK's own client side against real ``jupyter server`` processes:
+in process over a socket pair, and as a real subprocess (``spawn_agent_process``) killed -9 with the server.
+
+Runs against whichever ``agent-client-protocol`` is installed (0.11.x and 0.12.x are supported)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+acp = pytest.importorskip("acp")
+
+from acp import connect_to_agent, run_agent, spawn_agent_process, text_block  # noqa: E402
+from acp.contrib.session_state import SessionAccumulator  # noqa: E402
+from acp.schema import (  # noqa: E402
+    AllowedOutcome,
+    EmbeddedResourceContentBlock,
+    PermissionOption,
+    RequestPermissionResponse,
+    ResourceContentBlock,
+    SessionNotification,
+    TextResourceContents,
+    ToolCallUpdate,
+)
+
+from jupyter_goals.clients.acp.agent import GoalsAgent, client_request_id  # noqa: E402
+from jupyter_goals.clients.acp.updates import TranscriptItem, item_updates, prompt_text  # noqa: E402
+from jupyter_goals.host.effect_files import group_members  # noqa: E402
+from jupyter_goals.testing import ServerFactory, ServerProcess, full_passes, wait_for  # noqa: E402
+from tests.servers import lines, running_shell  # noqa: E402
+
+
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+RULES: list[dict[str, Any]] = [
+    {"when": {"last_tool_result_contains": "denied by the user"}, "respond": {"text": "Understood, not done."}},
+    {"when": {"last_user_contains": "append", "last_tool_result_contains": "exit status: 0"},
+     "respond": {"text": "Appended one line."}},
+    {"when": {"last_user_contains": "append"},
+     "respond": {"text": "Appending.", "tool_calls": [{"name": "shell", "arguments": {"command": "echo line >> out.txt"}}]}},
+    {"when": {"last_user_contains": "long", "last_tool_result_contains": "exit status"}, "respond": {"text": "Long done."}},
+    {"when": {"last_user_contains": "long"}, "respond": call("shell", command="sleep 60; echo line >> long.txt")},
+    {"when": {"last_user_contains": "hello"}, "respond": {"text": "Hello from the scripted model."}},
+    {"when": {"last_user_contains": "plan it", "last_tool_result_contains": "todo version"}, "respond": {"text": "Planned."}},
+    {"when": {"last_user_contains": "plan it"},
+     "respond": call("todo_write", items=[{"text": "read the data", "status": "in_progress", "required": False},
+                                          {"text": "write the report", "status": "pending", "required": True}])},
+    {"when": {"last_user_contains": "stream"},
+     "respond": {"stream_chunks": ["Streaming ", "one ", "piece ", "at a time."], "chunk_delay_s": 0.25}},
+]
+
+
+class Recorder:
+    """An ACP client: every ``session/update`` goes into a ``SessionAccumulator``; permission requests
+    wait in a queue for the test to answer."""
+
+    def __init__(self) -> None:
+        self.acc = SessionAccumulator()
+        self.notes: list[SessionNotification] = []
+        self.asked: asyncio.Queue[tuple[ToolCallUpdate, list[PermissionOption], asyncio.Future[str]]] = asyncio.Queue()
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        note = SessionNotification(session_id=session_id, update=update)
+        self.notes.append(note)
+        self.acc.apply(note)
+
+    async def request_permission(self, session_id: str, tool_call: ToolCallUpdate, options: list[PermissionOption],
+                                 **kwargs: Any) -> RequestPermissionResponse:
+        answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        await self.asked.put((tool_call, options, answer))
+        return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=await answer))
+
+    def on_connect(self, conn: Any) -> None:
+        pass
+
+    def view(self) -> dict[str, Any]:
+        """The conversation as a person sees it: messages joined per message id, tool calls' final state."""
+        snap = self.acc.snapshot()
+
+        def joined(chunks: Any) -> list[tuple[str | None, str]]:
+            out: dict[str | None, str] = {}
+            for c in chunks:
+                out[c.message_id] = out.get(c.message_id, "") + c.content.text
+            return list(out.items())
+
+        calls = {k: (v.title, v.kind, v.status, v.raw_input, v.raw_output) for k, v in snap.tool_calls.items()}
+        plan = [(e.content, e.priority, e.status) for e in snap.plan_entries]
+        return {"user": joined(snap.user_messages), "agent": joined(snap.agent_messages), "calls": calls, "plan": plan}
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[ServerFactory]:
+    factory = ServerFactory(tmp_path, RULES)
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@asynccontextmanager
+async def in_process(server: ServerProcess, client: Recorder, agent: GoalsAgent | None = None) -> AsyncIterator[Any]:
+    """The agent and the SDK's client side in this process, over a socket pair."""
+    agent = agent or GoalsAgent(server.url, server.token)
+    a, b = socket.socketpair()
+    agent_reader, agent_writer = await asyncio.open_connection(sock=a)
+    client_reader, client_writer = await asyncio.open_connection(sock=b)
+    task = asyncio.create_task(run_agent(agent, agent_writer, agent_reader, observers=[agent.observe]))
+    conn = connect_to_agent(client, client_writer, client_reader)  # type: ignore[arg-type]
+    try:
+        yield conn
+    finally:
+        await conn.close()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await agent.close()
+
+
+@asynccontextmanager
+async def subprocess_agent(server: ServerProcess, client: Recorder, log: Path) -> AsyncIterator[tuple[Any, Any]]:
+    """``python -m jupyter_goals.acp`` as a real process (stderr to a file: stdout is JSON-RPC only)."""
+    err = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        async with spawn_agent_process(client, sys.executable, "-m", "jupyter_goals.acp", "--url", server.url,  # type: ignore[arg-type]
+                                       "--token", server.token, "--log-level", "INFO",
+                                       transport_kwargs={"stderr": err}) as (conn, proc):
+            yield conn, proc
+    finally:
+        os.close(err)
+
+
+def test_transcript_items_become_acp_updates_with_durable_ids() -> None:
+    user = TranscriptItem(item_id="input:w1", seq=1, kind="user", content="hi")
+    tool = TranscriptItem(item_id="call:r:0", seq=2, kind="tool_call", call_id="r:0", tool="shell",
+                          arguments={"command": "ls"})
+    done = TranscriptItem(item_id="result:r:0", seq=3, kind="tool_result", call_id="r:0", tool="shell",
+                          content="exit status: 0", state="committed")
+    stopped = TranscriptItem(item_id="result:r:1", seq=4, kind="tool_result", call_id="r:1", content="cancelled", state="cancelled")
+    [u] = item_updates(user)
+    assert (u.session_update, u.message_id) == ("user_message_chunk", "input:w1")
+    [start] = item_updates(tool)
+    assert (start.tool_call_id, start.title, start.kind, start.status) == ("r:0", "shell: ls", "execute", "pending")
+    assert [x.status for x in item_updates(done) + item_updates(stopped)] == ["completed", "failed"]  # type: ignore[union-attr]
+    assert item_updates(TranscriptItem(item_id="g", seq=5, kind="goal_prompt", content="continue")) == []
+    assert client_request_id("c", 7, "s") == client_request_id("c", 7, "s") != client_request_id("c", 8, "s")
+    blocks = [text_block("look"), ResourceContentBlock(type="resource_link", name="a.py", uri="file:///a.py"),
+              EmbeddedResourceContentBlock(type="resource", resource=TextResourceContents(uri="file:///b.txt", text="B"))]
+    assert prompt_text(blocks) == "look\n\n[a.py](file:///a.py)\n\nfile:///b.txt:\n```\nB\n```"
+
+
+@pytest.mark.slow
+async def test_initialize_new_session_prompt_modes_and_list(servers: ServerFactory) -> None:
+    server = servers.make().start()
+    rest_made = server.client().create_session(title="made over REST", cwd=str(servers.root))["session"]["session_id"]
+    client = Recorder()
+    async with in_process(server, client) as conn:
+        init = await conn.initialize(protocol_version=1)
+        caps = init.agent_capabilities
+        assert init.protocol_version == 1 and caps.load_session and init.auth_methods == []
+        assert caps.prompt_capabilities.embedded_context and caps.session_capabilities.list is not None
+        new = await conn.new_session(cwd=str(servers.root), mcp_servers=[])
+        assert new.modes.current_mode_id == "ask" and {m.id for m in new.modes.available_modes} == {"ask", "bypass"}
+        [model] = new.config_options
+        assert (model.id, model.category, model.current_value) == ("model", "model", servers.model)
+        assert servers.model in {o.value for o in model.options}
+
+        answer = await asyncio.wait_for(conn.prompt(session_id=new.session_id, prompt=[text_block("hello")]), 30)
+        assert answer.stop_reason == "end_turn"
+        view = client.view()
+        assert [text for _, text in view["user"]] == ["hello"]
+        assert [text for _, text in view["agent"]] == ["Hello from the scripted model."]
+        assert len(server.client().session(new.session_id)["transcript"]["items"]) == 2  # one message, one answer
+
+        await conn.set_session_mode(session_id=new.session_id, mode_id="bypass")
+        assert server.client().session(new.session_id)["session"]["permissions"]["mode"] == "bypass"
+        assert client.acc.snapshot().current_mode_id == "bypass"
+
+        listed = await conn.list_sessions(cwd=str(servers.root))
+        assert [s.session_id for s in listed.sessions] == [new.session_id, rest_made]  # newest activity first
+        assert (await conn.list_sessions(cwd=str(servers.root / "elsewhere"))).sessions == []
+
+        answer = await asyncio.wait_for(conn.prompt(session_id=new.session_id, prompt=[text_block("stream it")]), 30)
+        assert answer.stop_reason == "end_turn"
+        streamed = [n.update for n in client.notes if n.update.session_update == "agent_message_chunk"][1:]
+        assert len(streamed) > 1 and "".join(u.content.text for u in streamed) == "Streaming one piece at a time."
+
+        answer = await asyncio.wait_for(conn.prompt(session_id=new.session_id, prompt=[text_block("plan it")]), 30)
+        assert client.view()["plan"] == [("read the data", "medium", "in_progress"), ("write the report", "high", "pending")]
+
+    replayed = Recorder()  # a new agent (another connection) loads what the first one showed live
+    async with in_process(server, replayed) as conn:
+        await conn.initialize(protocol_version=1)
+        loaded = await conn.load_session(cwd=str(servers.root), session_id=new.session_id, mcp_servers=[])
+        assert loaded.modes.current_mode_id == "bypass"
+        live = client.view()
+        assert replayed.view() == live  # messages, answers and tool calls with their final state
+
+        cl = server.client()
+        made = {cl.create_session(title=f"walk {i}", cwd=str(servers.root / "walk"))["session"]["session_id"]
+                for i in range(230)}
+        walked: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = await conn.list_sessions(cursor=cursor)
+            walked += [s.session_id for s in page.sessions]
+            if not (cursor := page.next_cursor):
+                break
+        assert len(walked) == len(set(walked)) == 232 and made <= set(walked)
+
+
+@pytest.mark.slow
+async def test_a_prompt_whose_answer_was_lost_is_sent_again_and_makes_one_message(servers: ServerFactory) -> None:
+    server = servers.make().start()
+    agent = GoalsAgent(server.url, server.token)
+    real_post = agent.post
+    lost: list[str] = []
+
+    async def post_losing_the_first_answer(path: str, body: dict[str, Any], method: str = "POST") -> Any:
+        answer = await real_post(path, body, method)
+        if path.endswith("/messages") and not lost:
+            lost.append(body["client_request_id"])
+            raise httpx.ReadError("the connection dropped after the server committed the message")
+        return answer
+
+    agent.post = post_losing_the_first_answer  # type: ignore[method-assign]
+    client = Recorder()
+    async with in_process(server, client, agent) as conn:
+        await conn.initialize(protocol_version=1)
+        new = await conn.new_session(cwd=str(servers.root), mcp_servers=[])
+        answer = await asyncio.wait_for(conn.prompt(session_id=new.session_id, prompt=[text_block("hello")]), 30)
+        assert answer.stop_reason == "end_turn" and lost
+    items = server.client().session(new.session_id)["transcript"]["items"]
+    assert [i["kind"] for i in items] == ["user", "assistant"]  # one message, answered once
+    assert [t for _, t in client.view()["user"]] == ["hello"]
+
+
+@pytest.mark.slow
+async def test_cancel_is_stop_within_two_seconds_and_kills_the_command(servers: ServerFactory) -> None:
+    server = servers.make().start()
+    client = Recorder()
+    async with in_process(server, client) as conn:
+        await conn.initialize(protocol_version=1)
+        new = await conn.new_session(cwd=str(servers.root), mcp_servers=[])
+        await conn.set_session_mode(session_id=new.session_id, mode_id="bypass")
+        prompt = asyncio.create_task(conn.prompt(session_id=new.session_id, prompt=[text_block("long")]))
+        effect_dir = await asyncio.to_thread(running_shell, servers.state, new.session_id)
+        await asyncio.to_thread(wait_for, lambda: any(c.status == "in_progress" for c in client.acc.snapshot().tool_calls.values()),
+                                10, "the tool call in progress")
+        started = time.monotonic()
+        await conn.cancel(session_id=new.session_id)
+        answer = await asyncio.wait_for(prompt, 5)
+        assert answer.stop_reason == "cancelled"
+        assert time.monotonic() - started < 2.0
+        await asyncio.to_thread(wait_for, lambda: not group_members(effect_dir), 10, "the command's process group gone")
+        snap = server.client().session(new.session_id)
+        assert (snap["work"]["phase"], snap["work"]["desired_state"]) == ("cancelled", "cancelled")
+        [status] = [c.status for c in client.acc.snapshot().tool_calls.values()]
+        assert status == "failed"
+        await asyncio.to_thread(wait_for, lambda: "Stopped" in client.view()["agent"][-1][1], 5, "the Stop marker")
+        before = client.view()
+        second = asyncio.create_task(conn.prompt(session_id=new.session_id, prompt=[text_block("long again")]))
+        await asyncio.to_thread(wait_for, lambda: len(client.acc.snapshot().tool_calls) == 2, 10, "the second call")
+
+        other = Recorder()  # another client loads the session while the command runs, and cancels it there
+        async with in_process(server, other) as conn2:
+            await conn2.initialize(protocol_version=1)
+            await conn2.load_session(cwd=str(servers.root), session_id=new.session_id, mcp_servers=[])
+            assert {k: v for k, v in other.view()["calls"].items() if k in before["calls"]} == before["calls"]
+            assert other.view()["agent"][: len(before["agent"])] == before["agent"]  # the Stop marker replayed
+            effect_dir = await asyncio.to_thread(running_shell, servers.state, new.session_id)
+            started = time.monotonic()
+            await conn2.cancel(session_id=new.session_id)
+            assert (await asyncio.wait_for(second, 5)).stop_reason == "cancelled"  # the first client's prompt
+            assert time.monotonic() - started < 2.0
+            await asyncio.to_thread(wait_for, lambda: not group_members(effect_dir), 10, "the process group gone")
+    server.kill()
+    server = servers.make().start()
+    await asyncio.to_thread(full_passes, server, 2)
+    snap = server.client().session(new.session_id)
+    assert (snap["work"]["phase"], snap["work"]["desired_state"]) == ("cancelled", "cancelled")  # stays stopped
+    assert lines(servers.root / "long.txt") == 0
+
+
+@pytest.mark.slow
+async def test_allow_always_adds_a_session_rule_and_an_answer_elsewhere_withdraws_the_question(
+        servers: ServerFactory) -> None:
+    server = servers.make().start()
+    cl = server.client()
+    client = Recorder()
+    async with in_process(server, client) as conn:
+        await conn.initialize(protocol_version=1)
+        new = await conn.new_session(cwd=str(servers.root), mcp_servers=[])
+        first = asyncio.create_task(conn.prompt(session_id=new.session_id, prompt=[text_block("append one")]))
+        call_1, _, answer = await asyncio.wait_for(client.asked.get(), 30)
+        [pending] = cl.approvals("pending")
+        cl.approve(pending["approval_id"])  # answered over REST: the ACP question is withdrawn
+        assert (await asyncio.wait_for(first, 30)).stop_reason == "end_turn"
+        withdrawn = [n.update for n in client.notes if n.update.session_update == "tool_call_update"
+                     and n.update.field_meta and "jupyter_goals" in n.update.field_meta]
+        assert [u.field_meta["jupyter_goals"]["decision"] for u in withdrawn] == ["approved"]
+        answer.set_result("reject_once")  # too late: changes nothing
+        assert lines(servers.root / "out.txt") == 1
+
+        second = asyncio.create_task(conn.prompt(session_id=new.session_id, prompt=[text_block("append two")]))
+        call_2, _, answer = await asyncio.wait_for(client.asked.get(), 30)
+        assert call_2.tool_call_id != call_1.tool_call_id
+        answer.set_result("allow_always")
+        assert (await asyncio.wait_for(second, 30)).stop_reason == "end_turn"
+        assert "shell" in cl.session(new.session_id)["session"]["permissions"]["allow"]  # listed, revocable over REST
+        third = await asyncio.wait_for(conn.prompt(session_id=new.session_id, prompt=[text_block("append three")]), 30)
+        assert third.stop_reason == "end_turn" and client.asked.empty()  # not asked again
+    assert lines(servers.root / "out.txt") == 3
+
+
+@pytest.mark.slow
+async def test_pending_permission_survives_kill_of_server_and_agent_and_runs_once(servers: ServerFactory,
+                                                                                   tmp_path: Path) -> None:
+    server = servers.make().start()
+    live = Recorder()
+    async with subprocess_agent(server, live, tmp_path / "agent1.log") as (conn, proc):
+        await conn.initialize(protocol_version=1)
+        new = await conn.new_session(cwd=str(servers.root), mcp_servers=[])
+        session_id = new.session_id
+        prompt = asyncio.create_task(conn.prompt(session_id=session_id, prompt=[text_block("append a line")]))
+        tool_call, options, _ = await asyncio.wait_for(live.asked.get(), 30)
+        assert {o.kind for o in options} >= {"allow_once", "reject_once"}
+        before_kill = live.view()
+        assert before_kill["user"][0][1] == "append a line" and [t for _, t in before_kill["agent"]] == ["Appending."]
+        assert before_kill["calls"][tool_call.tool_call_id][2] == "pending"
+        server.kill()
+        proc.kill()  # SIGKILL
+        await proc.wait()
+        prompt.cancel()
+        await asyncio.gather(prompt, return_exceptions=True)
+    assert lines(servers.root / "out.txt") == 0
+
+    server = servers.make().start()
+    loaded = Recorder()
+    async with subprocess_agent(server, loaded, tmp_path / "agent2.log") as (conn, _proc):
+        await conn.initialize(protocol_version=1)
+        await conn.load_session(cwd=str(servers.root), session_id=session_id, mcp_servers=[])
+        assert loaded.view() == before_kill  # the replay rebuilds the live conversation, tool call included
+        again, _, answer = await asyncio.wait_for(loaded.asked.get(), 30)
+        assert again.tool_call_id == tool_call.tool_call_id
+        answer.set_result("allow_once")
+        await asyncio.to_thread(server.client().wait, session_id, ("done",), 30)
+        await asyncio.to_thread(wait_for, lambda: loaded.view()["calls"][again.tool_call_id][2] == "completed",
+                                10, "the approved call completed in the client")
+        assert [t for _, t in loaded.view()["agent"]][-1] == "Appended one line."
+    assert lines(servers.root / "out.txt") == 1
