@@ -1,16 +1,14 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import type * as ByHand from './handwritten';
 import type { components, paths } from './openapi';
 
 /*
  * The REST API's types come from its OpenAPI document: `labextension/openapi.json` is a snapshot of
  * `GET /api/goals/openapi.json` (refreshed with `python -m jupyter_goals.server.openapi >
  * labextension/openapi.json`; tests/test_openapi_snapshot.py fails while it is stale), and every
- * build generates `src/openapi.ts` from it with openapi-typescript (`jlpm build:types`). An answer
- * the document describes only as "an object" so far is typed by the hand-written shape in
- * `handwritten.ts` instead, until the server describes it.
+ * build generates `src/openapi.ts` from it with openapi-typescript (`jlpm build:types`). Every
+ * answer has its schema there (the server builds each from a pydantic response model).
  */
 
 /** The document's named schemas: request bodies, `Error`, `Event`, `EventPage`, and what they refer to. */
@@ -20,22 +18,10 @@ type Method = 'get' | 'put' | 'post' | 'patch' | 'delete';
 type Responses<P extends keyof paths, M extends Method> =
   NonNullable<paths[P][M]> extends { responses: infer R } ? R : never;
 type JsonOf<T> = T extends { content: { 'application/json': infer B } } ? B : never;
-/** The document says no more than "an object" (or nothing) about `T`. */
-type Untyped<T> = unknown extends T
-  ? true
-  : [T] extends [Record<string, unknown>]
-    ? [Record<string, unknown>] extends [T]
-      ? true
-      : false
-    : false;
-
-/** The JSON answer `status` of `method path` as the document describes it, else `Fallback`. */
-export type Answer<
-  P extends keyof paths,
-  M extends Method,
-  S extends keyof Responses<P, M>,
-  Fallback
-> = Untyped<JsonOf<Responses<P, M>[S]>> extends true ? Fallback : JsonOf<Responses<P, M>[S]>;
+/** The JSON answer `status` of `method path` as the document describes it. */
+export type Answer<P extends keyof paths, M extends Method, S extends keyof Responses<P, M>> = JsonOf<
+  Responses<P, M>[S]
+>;
 
 /** Every JSON request body the document lists (a POST, PUT or PATCH of this API sends one of them). */
 export type RequestBody = {
@@ -68,27 +54,28 @@ export type IGoalsEvent = Schemas['Event'];
 export function payloadOf(event: IGoalsEvent): Record<string, any> {
   return (event.payload ?? {}) as Record<string, unknown>;
 }
+
 /** `GET /api/goals/events?format=json` */
-export type IEventPage = Answer<'/events', 'get', 200, Schemas['EventPage']>;
+export type IEventPage = Answer<'/events', 'get', 200>;
 
 /** `GET /api/goals/health` */
-export type IHealth = Answer<'/health', 'get', 200, ByHand.IHealth>;
+export type IHealth = Answer<'/health', 'get', 200>;
 /** `GET /api/goals/models` */
-export type IModelList = Answer<'/models', 'get', 200, ByHand.IModelList>;
+export type IModelList = Answer<'/models', 'get', 200>;
 /** One entry of `GET /api/goals/models`. */
 export type IModelInfo = IModelList['models'][number];
 /** `GET /api/goals/recovery`: the last recovery pass. */
-export type IRecovery = Answer<'/recovery', 'get', 200, ByHand.IRecovery>;
+export type IRecovery = Answer<'/recovery', 'get', 200>;
 /** One recorded recovery decision of `GET /api/goals/recovery`. */
 export type IRecoveryItem = IRecovery['items'][number];
 /** `GET /api/goals/sessions?limit=&cursor=` (keyset paging: `next_cursor` null on the last page). */
-export type ISessionList = Answer<'/sessions', 'get', 200, ByHand.ISessionList>;
+export type ISessionList = Answer<'/sessions', 'get', 200>;
 /** One entry of `GET /api/goals/sessions`. */
 export type ISessionSummary = ISessionList['sessions'][number];
 /** `POST /api/goals/sessions` → 201 */
-export type ISessionCreated = Answer<'/sessions', 'post', 201, ByHand.ISessionCreated>;
+export type ISessionCreated = Answer<'/sessions', 'post', 201>;
 /** `GET /api/goals/sessions/{id}` */
-export type ISessionSnapshot = Answer<'/sessions/{session_id}', 'get', 200, ByHand.ISessionSnapshot>;
+export type ISessionSnapshot = Answer<'/sessions/{session_id}', 'get', 200>;
 /** The session row itself (`model` is a configured model name or `provider:model`). */
 export type ISessionInfo = ISessionSnapshot['session'];
 /** The `work` part of a session summary. */
@@ -100,20 +87,20 @@ export type ITranscriptPage = NonNullable<ISessionSnapshot['transcript']>;
 /** One durable transcript record (DESIGN §10: at least item_id, seq, kind, role, content). */
 export type ITranscriptItem = ITranscriptPage['items'][number];
 /** `POST /api/goals/sessions/{id}/messages` → 202 */
-export type IMessageAccepted = Answer<'/sessions/{session_id}/messages', 'post', 202, ByHand.IMessageAccepted>;
+export type IMessageAccepted = Answer<'/sessions/{session_id}/messages', 'post', 202>;
 /** `GET /api/goals/approvals` */
-export type IApprovalList = Answer<'/approvals', 'get', 200, ByHand.IApprovalList>;
+export type IApprovalList = Answer<'/approvals', 'get', 200>;
 /** A tool call waiting for a person's decision. */
 export type IApproval = IApprovalList['approvals'][number];
 /** `GET /api/goals/goals/{id}` (the snapshot's `goal` has the same shape, without usage). */
-export type IGoal = Answer<'/goals/{goal_id}', 'get', 200, ByHand.IGoal>;
+export type IGoal = Answer<'/goals/{goal_id}', 'get', 200>;
 export type IRequirement = IGoal['requirements'][number];
 export type IVerdict = NonNullable<IGoal['verdicts']>[number];
 export type ITodoItem = NonNullable<IGoal['todo']>[number];
 /** `GET /api/goals/sessions/{id}/history` */
-export type IHistoryList = Answer<'/sessions/{session_id}/history', 'get', 200, ByHand.IHistoryList>;
+export type IHistoryList = Answer<'/sessions/{session_id}/history', 'get', 200>;
 /** A terminal Goal record: read-only, with its own snapshot and transcript anchor. */
-export type IHistoryRecord = Answer<'/history/{record_id}', 'get', 200, ByHand.IHistoryRecord>;
+export type IHistoryRecord = Answer<'/history/{record_id}', 'get', 200>;
 
 /** A request to the goals REST API that did not produce the expected JSON. */
 export class GoalsAPIError extends Error {
