@@ -34,6 +34,7 @@ from acp.schema import (  # noqa: E402
 )
 
 from jupyter_goals.clients.acp.agent import GoalsAgent, client_request_id  # noqa: E402
+from jupyter_goals.clients.acp.commands import commands_update, parse, recovered_state, usage_update  # noqa: E402
 from jupyter_goals.clients.acp.updates import TranscriptItem, item_updates, prompt_text  # noqa: E402
 from jupyter_goals.host.effect_files import group_members  # noqa: E402
 from jupyter_goals.testing import ServerFactory, ServerProcess, full_passes, wait_for  # noqa: E402
@@ -97,7 +98,24 @@ class Recorder:
 
         calls = {k: (v.title, v.kind, v.status, v.raw_input, v.raw_output) for k, v in snap.tool_calls.items()}
         plan = [(e.content, e.priority, e.status) for e in snap.plan_entries]
-        return {"user": joined(snap.user_messages), "agent": joined(snap.agent_messages), "calls": calls, "plan": plan}
+        agent = [(i, t) for i, t in joined(snap.agent_messages) if not str(i).startswith("recovered:")]
+        return {"user": joined(snap.user_messages), "agent": agent, "calls": calls, "plan": plan}
+
+    def recovered(self) -> list[str]:
+        """The recovered state told after a load (not part of the conversation itself)."""
+        return [c.content.text.strip() for c in self.acc.snapshot().agent_messages
+                if str(c.message_id).startswith("recovered:")]
+
+    def said(self) -> str:
+        """The last agent message's text (a command's answer)."""
+        return client_text(self.acc.snapshot().agent_messages[-1])
+
+    def usage(self) -> list[Any]:
+        return [n.update for n in self.notes if n.update.session_update == "usage_update"]
+
+
+def client_text(chunk: Any) -> str:
+    return str(chunk.content.text)
 
 
 @pytest.fixture
@@ -359,3 +377,102 @@ async def test_pending_permission_survives_kill_of_server_and_agent_and_runs_onc
                                 10, "the approved call completed in the client")
         assert [t for _, t in loaded.view()["agent"]][-1] == "Appended one line."
     assert lines(servers.root / "out.txt") == 1
+
+
+def test_commands_are_parsed_and_recovered_state_and_usage_are_worded() -> None:
+    assert parse("/goal Write it\nfile_exists: a.txt") == ("goal", "Write it", "file_exists: a.txt")
+    assert parse("/pause") == ("pause", "", "") and parse("/unknown x") is None and parse("hello /goal") is None
+    assert [c.name for c in commands_update().available_commands] == ["goal", "pause", "resume", "stop", "verify"]
+    work = {"work_id": "w", "phase": "paused", "desired_state": "paused", "reason": "Paused by you."}
+    assert recovered_state({"work": work}) == "Recovered state: paused - Paused by you."
+    waiting = {"work": {**work, "phase": "waiting", "reason": ""}, "approvals": [{"state": "pending"}]}
+    assert recovered_state(waiting) == "Recovered state: waiting for your approval."
+    assert recovered_state({"work": {**work, "phase": "done"}}) is None
+    known = {"known_tokens": {"input": 10, "output": 5, "cached": 0}, "known_cost_usd": 0.5,
+             "unknown_usage_requests": 0, "display": "$0.50"}
+    update = usage_update(known, 1000)
+    assert (update.used, update.size, update.cost.amount, update.cost.currency) == (15, 1000, 0.5, "USD")
+    unknown = usage_update({**known, "known_cost_usd": None}, None)
+    assert unknown.cost is None and unknown.field_meta["jupyter_goals"]["cost"] == "unknown"
+    partly = usage_update({**known, "unknown_usage_requests": 1}, None)
+    assert partly.cost is None and partly.field_meta["jupyter_goals"]["cost"] == "unknown"  # never a partial sum
+    assert usage_update({**known, "known_tokens": None}, None) is None
+
+
+@pytest.mark.slow
+async def test_commands_start_a_goal_control_the_work_and_a_load_tells_the_recovered_state(
+        servers: ServerFactory) -> None:
+    server = servers.make().start()
+    cl = server.client()
+    client = Recorder()
+    async with in_process(server, client) as conn:
+        await conn.initialize(protocol_version=1)
+        new = await conn.new_session(cwd=str(servers.root), mcp_servers=[])
+        sid = new.session_id
+        await asyncio.to_thread(wait_for, lambda: bool(client.notes) and len(client.acc.snapshot().available_commands) == 5,
+                                10, "the commands")
+        assert [c.name for c in client.acc.snapshot().available_commands] == ["goal", "pause", "resume", "stop", "verify"]
+
+        async def command(text: str) -> tuple[str, str]:
+            answer = await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[text_block(text)]), 30)
+            return answer.stop_reason, client.said()
+
+        assert await command("/goal status") == ("end_turn", "No Goal in this session yet: start one with /goal <objective>.")
+        reason, text = await command("/pause")
+        assert reason == "refusal" and text.startswith("Cannot pause now")
+
+        answer = await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[text_block("hello")]), 30)
+        assert answer.stop_reason == "end_turn"
+        await asyncio.to_thread(wait_for, lambda: bool(client.usage()), 10, "the usage after the turn")
+        [usage] = client.usage()  # from GET /usage once the ledger has the turn's receipt
+        meta = usage.field_meta["jupyter_goals"]
+        ledger = cl.usage(sid)
+        assert ledger["unknown_usage_requests"] == meta["unknown_usage_requests"] == 1  # the scripted model reports none
+        assert usage.cost is None and meta["cost"] == "unknown"  # never a 0 for an unknown cost
+        assert usage.used == meta["known_tokens"]["input"] + meta["known_tokens"]["output"] == 0
+
+        reason, text = await command("/goal Do the long task\nfile_exists: long.txt\nthe task is done")
+        assert reason == "end_turn" and text.startswith("Goal started: Do the long task")
+        [goal] = cl.goals(sid)
+        assert [(r["kind"], r["text"]) for r in goal["requirements"]] == [("file_exists", "long.txt exists"),
+                                                                        ("semantic", "the task is done")]
+        reason, text = await command("/goal status")
+        assert reason == "end_turn" and "Goal: Do the long task" in text and "State: active" in text
+        assert "- long.txt exists: not checked yet" in text and "- the task is done: not checked yet" in text
+
+        await asyncio.wait_for(client.asked.get(), 30)  # the Goal's shell command waits for approval
+        other = Recorder()
+        async with in_process(server, other) as conn2:
+            await conn2.initialize(protocol_version=1)
+            await conn2.load_session(cwd=str(servers.root), session_id=sid, mcp_servers=[])
+            assert other.recovered() == ["_Recovered state: waiting for your approval - A tool call is waiting for your approval._"]
+            assert len(other.acc.snapshot().available_commands) == 5
+
+        reason, text = await command("/pause")
+        assert (reason, text) == ("end_turn", "Pause committed: the work is paused.")
+        assert cl.session(sid)["work"]["desired_state"] == "paused"
+        reason, text = await command("/pause")
+        assert reason == "refusal" and text.startswith("Cannot pause now: the work is paused")
+        other = Recorder()
+        async with in_process(server, other) as conn2:
+            await conn2.initialize(protocol_version=1)
+            await conn2.load_session(cwd=str(servers.root), session_id=sid, mcp_servers=[])
+            [told] = other.recovered()
+            assert told.startswith("_Recovered state: paused")
+        reason, text = await command("/verify")
+        assert (reason, text) == ("refusal", "Cannot verify this Goal now: it is paused (working) - You paused this work.")
+        reason, text = await command("/resume")
+        assert reason == "end_turn" and text.startswith("Resume committed")
+        reason, text = await command("/stop")
+        assert reason == "end_turn" and text.startswith("Stop committed")
+        await asyncio.to_thread(cl.wait, sid, ("cancelled",), 30)
+        reason, text = await command("/stop")
+        assert reason == "refusal"
+        other = Recorder()
+        async with in_process(server, other) as conn2:
+            await conn2.initialize(protocol_version=1)
+            await conn2.load_session(cwd=str(servers.root), session_id=sid, mcp_servers=[])
+            [told] = other.recovered()
+            assert told.startswith("_Recovered state: stopped")
+        assert not any(n.update.session_update == "user_message_chunk" and "/goal" in n.update.content.text
+                       for n in client.notes)  # a command is not a chat message

@@ -47,10 +47,9 @@ from acp.schema import (
     TextContentBlock,
 )
 
+from jupyter_goals.clients.acp import commands
 from jupyter_goals.clients.acp.feed import SessionFeed, client_request_id
-from jupyter_goals.clients.acp.updates import (
-    prompt_text,
-)
+from jupyter_goals.clients.acp.updates import agent_text, prompt_text
 from jupyter_goals.clients.rest import AsyncGoalsClient, GoalsError, _check
 
 log = logging.getLogger("jupyter_goals.acp")
@@ -74,6 +73,8 @@ class GoalsAgent(Agent):
         self.feeds: dict[str, SessionFeed] = {}
         self.prompt_ids: dict[str, list[Any]] = {}  # session id → JSON-RPC ids of prompts not yet handled
         self.cancels: dict[str, asyncio.Event] = {}
+        self.windows: dict[str, int | None] = {}  # session id → its model's context window (usage_update)
+        self.later: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ plumbing
     def on_connect(self, conn: Client) -> None:
@@ -134,6 +135,8 @@ class GoalsAgent(Agent):
         return feed
 
     async def close(self) -> None:
+        for task in list(self.later):
+            task.cancel()
         for feed in list(self.feeds.values()):
             await feed.close()
         if self._stream is not None:
@@ -198,6 +201,8 @@ class GoalsAgent(Agent):
         feed.ready.set()
         feed.start()
         modes, options = await self._shapes(session)
+        # the commands go out once the client knows the session (the SDK writes this answer first)
+        self.in_background(feed.send(commands.commands_update()))
         return NewSessionResponse(session_id=session["session_id"], modes=modes, config_options=list[ConfigOption](options))
 
     async def load_session(self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None,
@@ -213,6 +218,10 @@ class GoalsAgent(Agent):
             raise
         snap = await self.get(f"/sessions/{feed.session_id}", {"before": "latest", "limit": 1})
         modes, options = await self._shapes(snap["session"])
+        state = commands.recovered_state(snap)
+        if state:
+            await feed.send(agent_text(f"recovered:{snap['work']['work_id']}:{snap['event_seq']}", f"\n\n_{state}_\n\n"))
+        await feed.send(commands.commands_update())
         # live updates and re-asked approvals go out once this answer is on its way (the SDK writes it
         # before the loop runs another task)
         asyncio.get_running_loop().call_soon(feed.ready.set)
@@ -262,15 +271,54 @@ class GoalsAgent(Agent):
             if exc.status == 404:
                 raise RequestError.resource_not_found(session_id) from exc
             raise
+        text = prompt_text(list(prompt))
+        command = commands.parse(text)
+        if command is not None:  # /goal, /pause, ...: answered here, the work they start streams as usual
+            reply = await commands.run(self, session_id, *command)
+            await feed.send(agent_text(f"command:{key}", reply.text))
+            return PromptResponse(stop_reason=reply.stop_reason)
         cancelled = self.cancels[session_id] = asyncio.Event()
         answer = await _retry_lost(lambda: self.post(f"/sessions/{session_id}/messages",
-                                                     {"text": prompt_text(list(prompt)), "client_request_id": key}))
+                                                     {"text": text, "client_request_id": key}))
         waiter = asyncio.create_task(feed.wait_ended(str(answer["work_id"]), cancelled))
         try:
             reason = await waiter
         finally:
             waiter.cancel()
+        self.in_background(self.tell_usage(feed))
         return PromptResponse(stop_reason=reason)  # type: ignore[arg-type]
+
+    def in_background(self, work: Awaitable[None]) -> None:
+        """After the current answer is written (the SDK writes it before the loop runs another task)."""
+
+        async def run() -> None:
+            await work
+
+        task = asyncio.create_task(run())
+        self.later.add(task)
+        task.add_done_callback(self.later.discard)
+
+    async def tell_usage(self, feed: SessionFeed, settle_s: float = 5.0) -> None:
+        """``usage_update`` from the ledger after a turn, once its receipts are written (at most
+        ``settle_s`` later: a cost still unsettled then is told as unknown); nothing when unreadable."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settle_s
+        try:
+            if feed.session_id not in self.windows:
+                snap = await self.get(f"/sessions/{feed.session_id}", {"before": "latest", "limit": 1})
+                models = (await self.get("/models", None)).get("models") or []
+                self.windows[feed.session_id] = next((m.get("context_window") for m in models
+                                                      if m["name"] == snap["session"].get("model")), None)
+            usage = await self.get("/usage", {"session_id": feed.session_id})
+            while not commands.usage_settled(usage) and loop.time() < deadline:
+                await asyncio.sleep(0.1)
+                usage = await self.get("/usage", {"session_id": feed.session_id})
+            update = commands.usage_update(usage, self.windows[feed.session_id])
+        except (GoalsError, httpx.HTTPError) as exc:
+            log.info("usage of %s not read: %s", feed.session_id, exc)
+            return
+        if update is not None:
+            await feed.send(update)
 
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
         """``session/cancel`` is Stop: the work's stop intent is durable, its running command is killed."""

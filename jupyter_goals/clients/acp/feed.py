@@ -17,6 +17,7 @@ from acp import Client, RequestError
 from acp.schema import (
     AgentPlanUpdate,
     AllowedOutcome,
+    AvailableCommandsUpdate,
     CurrentModeUpdate,
     PermissionOption,
     ToolCallProgress,
@@ -98,7 +99,7 @@ class SessionFeed:
         # permission requests wait for it, the replay does not
         self.ready = asyncio.Event()
 
-    async def send(self, update: Update | CurrentModeUpdate | AgentPlanUpdate) -> None:
+    async def send(self, update: Update | CurrentModeUpdate | AgentPlanUpdate | AvailableCommandsUpdate) -> None:
         await self.agent.conn().session_update(session_id=self.session_id, update=update)
 
     async def apply_item(self, item: TranscriptItem) -> None:
