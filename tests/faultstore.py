@@ -136,8 +136,15 @@ def _product_modules() -> list[ModuleType]:
     """Every module of the product, imported (a module not yet loaded could still call a transition)."""
     import jupyter_goals
 
-    return [importlib.import_module(m.name) for m in pkgutil.walk_packages(jupyter_goals.__path__, "jupyter_goals.")
-            if not m.name.endswith(".__main__")]  # a program's entry point runs when imported
+    modules = []
+    for info in pkgutil.walk_packages(jupyter_goals.__path__, "jupyter_goals."):
+        if info.name.endswith(".__main__"):
+            continue  # a program's entry point runs when imported
+        try:
+            modules.append(importlib.import_module(info.name))
+        except ImportError:
+            continue  # an optional extra that is not installed (the Jupyter AI persona): it holds no transition
+    return modules
 
 
 class FaultyConnection:
