@@ -207,15 +207,9 @@ def test_a_server_configured_with_a_heartbeat_longer_than_the_lease_does_not_sta
     log names both settings, instead of workers whose leases expire between their heartbeats."""
     with server_env(tmp_path, []) as env:
         server = env["make"](["--GoalsApp.heartbeat_s=5", "--GoalsApp.lease_ttl_s=3"]).start(wait=False)
+        server.ready = "status"  # Jupyter answers; the extension must not
+        server.wait_ready()
         headers = {"Authorization": f"token {server.token}"}
-
-        def jupyter_up() -> bool:
-            try:
-                return httpx.get(f"{server.url}api/status", headers=headers, timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(jupyter_up, timeout=60, what="jupyter server up")
         assert httpx.get(f"{server.url}api/goals/health", headers=headers, timeout=5).status_code == 404
         log = server.log()
         assert "jupyter_goals is not started, its configuration is invalid" in log, log

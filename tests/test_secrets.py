@@ -348,15 +348,9 @@ def test_a_mistyped_tool_env_allow_stops_the_extension_and_the_log_names_the_ent
     with server_env(tmp_path, []) as env:
         server: ServerProcess = env["make"](extra=['--GoalsApp.tool_env_allow=["MY_SETTING", "PROJ_*"]',
                                                   "--GoalsApp.workers=2"]).start(wait=False)
+        server.ready = "status"  # Jupyter answers; the extension must not
+        server.wait_ready()
         headers = {"Authorization": f"token {server.token}"}
-
-        def jupyter_up() -> bool:
-            try:
-                return httpx.get(f"{server.url}api/status", headers=headers, timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(jupyter_up, timeout=60, what="jupyter server up")
         assert httpx.get(f"{server.url}api/goals/health", headers=headers, timeout=5).status_code == 404
         log = server.log()
         assert "jupyter_goals is not started, its configuration is invalid" in log, log
