@@ -11,12 +11,14 @@ import {
   ISessionSnapshot,
   postGoalsAPI
 } from './api';
+import { editGoal } from './edit';
 import {
   actionBar,
   actionErrorText,
   alertNode,
   badge,
   button,
+  editGoalButton,
   el,
   GOAL_ACTIONS,
   replaceKeepingFocus,
@@ -392,6 +394,16 @@ export class Composer {
       this._host.onGoalAction(`goals/${encodeURIComponent(goal.goal_id)}/actions`, {
         action,
         expected_revision: goal.revision
+      })
+    );
+    bar.append(
+      editGoalButton('goals-composer-goal-edit', () => {
+        void editGoal(goal.goal_id, this._settings).then(outcome => {
+          if (outcome !== null) {
+            showAlert(this._alert, outcome.ok ? null : outcome.message);
+            this._host.onSent(); // re-read the session
+          }
+        });
       })
     );
     replaceKeepingFocus(this._goal, line, bar);

@@ -9,6 +9,7 @@ import {
   requestGoalsAPI
 } from './api';
 import { debounce, sharedEventFeed } from './events';
+import { editGoal, EditOutcome } from './edit';
 import {
   actionBar,
   alertNode,
@@ -190,7 +191,8 @@ export class SessionDetail {
             this._act(`goals/${encodeURIComponent(goal.goal_id)}/actions`, {
               action,
               expected_revision: goal.revision
-            })
+            }),
+          onEdit: () => void this._edit(() => editGoal(goal.goal_id, this._settings))
         })
       );
     }
@@ -217,6 +219,15 @@ export class SessionDetail {
       parts.push(box);
     }
     replaceKeepingFocus(this._body, ...parts);
+  }
+
+  private async _edit(run: () => Promise<EditOutcome>): Promise<void> {
+    const outcome = await run();
+    if (outcome !== null) {
+      showAlert(this._alert, outcome.ok ? null : outcome.message);
+      this._onChanged();
+      await this.refresh();
+    }
   }
 
   private async _act(path: string, body: RequestBody): Promise<void> {

@@ -15,6 +15,7 @@ import {
   requestGoalsAPI
 } from './api';
 import { debounce, sharedEventFeed } from './events';
+import { editGoal, EditOutcome } from './edit';
 import {
   actionErrorText,
   alertNode,
@@ -107,6 +108,15 @@ abstract class LiveOutput extends Widget implements IRenderMime.IRenderer {
     await this.refresh();
   }
 
+  /** An edit dialog's outcome: a refusal goes to the alert line, then the card is read again. */
+  protected async edit(run: () => Promise<EditOutcome>): Promise<void> {
+    const outcome = await run();
+    if (outcome !== null) {
+      showAlert(this._alert, outcome.ok ? null : outcome.message);
+      await this.refresh();
+    }
+  }
+
   protected ids: Record<string, string> = {};
   protected readonly settings = ServerConnection.makeSettings();
   private readonly _mimeType: string;
@@ -130,7 +140,8 @@ class GoalOutput extends LiveOutput {
         this.act(`goals/${encodeURIComponent(goal.goal_id)}/actions`, {
           action,
           expected_revision: goal.revision
-        })
+        }),
+      onEdit: () => void this.edit(() => editGoal(goal.goal_id, this.settings))
     });
   }
 

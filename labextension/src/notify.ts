@@ -1,6 +1,7 @@
 import { Notification } from '@jupyterlab/apputils';
 
 import { IApproval, IApprovalList, IGoalsEvent, payloadOf, requestGoalsAPI } from './api';
+import { editGoal } from './edit';
 import { sharedEventFeed } from './events';
 
 /** What a notification says and the key that makes it appear once. */
@@ -9,6 +10,8 @@ export interface INotice {
   type: 'warning' | 'error' | 'success';
   message: string;
   sessionId: string | null;
+  /** A budget stop: the notice offers "Edit Goal" for this Goal. */
+  goalId?: string;
 }
 
 /**
@@ -45,7 +48,8 @@ export function noticeFor(event: IGoalsEvent): INotice | null {
           key: `budget:${String(p.goal_id)}:${String(p.revision)}`,
           type: 'warning',
           message: 'A Goal stopped at its budget: raise the budget or end it.',
-          sessionId
+          sessionId,
+          goalId: String(p.goal_id)
         };
       }
       return null;
@@ -81,6 +85,19 @@ export function startNotifications(open: (sessionId: string) => void): () => voi
     const actions = sessionId
       ? [{ label: 'Open', caption: 'Open the session', callback: () => open(sessionId) }]
       : [];
+    const goalId = notice.goalId;
+    if (goalId) {
+      actions.push({
+        label: 'Edit Goal',
+        caption: 'Raise the budget (or change the Goal)',
+        callback: () =>
+          void editGoal(goalId).then(outcome => {
+            if (outcome && !outcome.ok) {
+              Notification.error(outcome.message, { autoClose: 15000 });
+            }
+          })
+      });
+    }
     // the toast steps aside after a while (it covers the composer's buttons); the notification
     // center keeps it until dismissed
     Notification.emit(notice.message, notice.type, { autoClose: notice.type === 'error' ? 15000 : 8000, actions });

@@ -14,6 +14,7 @@ import {
   requestGoalsAPI
 } from './api';
 import { Composer } from './composer';
+import { editPermissions } from './edit';
 import { debounce, sharedEventFeed } from './events';
 import { modelCatalog } from './models';
 import { TranscriptList } from './transcript';
@@ -23,6 +24,7 @@ import {
   alertNode,
   approvalView,
   badge,
+  button,
   el,
   postAction,
   replaceKeepingFocus,
@@ -302,6 +304,11 @@ export class SessionView extends Widget {
         const reason = el('span', 'jp-goals-reason', work.reason, 'goals-session-reason');
         reason.dataset.reasonCode = work.reason_code;
         this._state.append(reason);
+        if (work.reason_code === 'permission_revoked') {
+          this._state.append(
+            button('Change permissions', 'goals-session-reason-permissions', () => void this._editPermissions())
+          );
+        }
       }
       this.node.dataset.phase = work.phase;
       if (!['working', 'recovering'].includes(work.phase)) {
@@ -360,7 +367,8 @@ export class SessionView extends Widget {
     }
     const mode = session.permissions?.mode ?? 'ask';
     const allow = (session.permissions?.allow ?? []).map(a => (typeof a === 'string' ? a : JSON.stringify(a)));
-    parts.push(
+    const permissions = el('span', 'jp-goals-session-permissions-line');
+    permissions.append(
       el(
         'span',
         'jp-goals-session-permissions',
@@ -368,9 +376,12 @@ export class SessionView extends Widget {
           allow.length ? `; allowed without asking: ${allow.join(', ')}` : ''
         }`,
         'goals-session-permissions'
-      )
+      ),
+      button('Permissions', 'goals-session-permissions-edit', () => void this._editPermissions(),
+        'Change the mode, revoke an always-allowed tool, add folders')
     );
-    this._meta.replaceChildren(...parts);
+    parts.push(permissions, usageLine(snapshot.usage));
+    replaceKeepingFocus(this._meta, ...parts);
   }
 
   private async _openRecord(item: ITranscriptItem): Promise<void> {
@@ -390,6 +401,14 @@ export class SessionView extends Widget {
       await showHistoryDetails(record);
     } catch (error) {
       showAlert(this._alert, actionErrorText(error));
+    }
+  }
+
+  private async _editPermissions(): Promise<void> {
+    const outcome = await editPermissions(this.sessionId, this._settings);
+    if (outcome !== null) {
+      showAlert(this._alert, outcome.ok ? null : outcome.message);
+      await this.refresh();
     }
   }
 
@@ -420,4 +439,49 @@ export class SessionView extends Widget {
   private _pending: Promise<void> | null = null;
   private _again = false;
   private _unsubscribe: (() => void) | null = null;
+}
+
+/** Seconds as a short duration: "42 s", "3 min", "1 h 5 min". */
+export function duration(seconds: number): string {
+  if (seconds < 60) {
+    return `${Math.round(seconds)} s`;
+  }
+  const minutes = Math.round(seconds / 60);
+  return minutes < 60 ? `${minutes} min` : `${Math.floor(minutes / 60)} h ${minutes % 60} min`;
+}
+
+/**
+ * The chat's usage in the header: the server's display sentence (known cost, unknown usage kept
+ * apart, never an invented zero), tokens and active time; the hover explains unknown intervals.
+ */
+export function usageLine(usage: ISessionSnapshot['usage'] | undefined): HTMLElement {
+  const node = el('span', 'jp-goals-session-usage', undefined, 'goals-session-usage');
+  if (!usage) {
+    return node;
+  }
+  const parts = [usage.display];
+  const tokens = usage.known_tokens;
+  if (tokens) {
+    parts.push(`${(tokens.input + tokens.output).toLocaleString('en-US')} tokens`);
+  }
+  parts.push(`active ${duration(usage.active_seconds)}${usage.running ? ' (running)' : ''}`);
+  node.append(el('span', 'jp-goals-meta-label', 'Usage '), el('span', undefined, parts.join(' · ')));
+  const gaps = usage.unknown_intervals ?? [];
+  const hover: string[] = [];
+  if (usage.unknown_usage_requests) {
+    hover.push(
+      `${usage.unknown_usage_requests} request(s) whose usage is unknown: the provider's receipt never arrived ` +
+        '(a crash or a lost connection); they are not counted as zero.'
+    );
+  }
+  for (const gap of gaps) {
+    const from = new Date(gap.from * 1000).toLocaleTimeString();
+    const to = gap.to === null ? 'now' : new Date(gap.to * 1000).toLocaleTimeString();
+    hover.push(`Active time from ${from} to ${to} is unknown: the process running it died unseen.`);
+  }
+  if (hover.length > 0) {
+    node.title = hover.join('\n');
+    node.dataset.unknown = String(gaps.length + (usage.unknown_usage_requests ?? 0));
+  }
+  return node;
 }

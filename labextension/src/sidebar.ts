@@ -12,6 +12,7 @@ import {
   requestGoalsAPI
 } from './api';
 import { SessionDetail } from './detail';
+import { stopAllWork } from './edit';
 import { debounce, sharedEventFeed } from './events';
 import { modelCatalog } from './models';
 import { RecoverySummary } from './recovery';
@@ -70,7 +71,15 @@ export class GoalsSidebar extends Widget {
       tools.append(create);
     }
     tools.append(this._button('goals-refresh', 'Refresh'));
+    const stopAll = button('Stop all work', 'goals-stop-all', () => void this._stopAll(),
+      'Quit and stop all tasks: every chat\'s running or waiting work stops, durably');
+    stopAll.classList.add('jp-mod-warn');
+    tools.append(stopAll);
     header.append(el('h2', 'jp-goals-heading', 'Goals'), tools);
+    this._stopAllNote = el('div', 'jp-goals-alert', undefined, 'goals-stop-all-result');
+    this._stopAllNote.setAttribute('role', 'status');
+    this._stopAllNote.hidden = true;
+    header.append(this._stopAllNote);
     this._recovery = new RecoverySummary(sessionId => this._open(sessionId));
 
     this._errorNode = el('div', 'jp-goals-error');
@@ -423,6 +432,15 @@ export class GoalsSidebar extends Widget {
     node.classList.toggle('jp-goals-mod-stale', stale);
   }
 
+  private async _stopAll(): Promise<void> {
+    const outcome = await stopAllWork(this._settings);
+    if (outcome !== null) {
+      this._stopAllNote.textContent = outcome.message;
+      this._stopAllNote.hidden = false;
+      await this.refresh();
+    }
+  }
+
   private _button(testid: string, label: string): HTMLButtonElement {
     const button = el('button', 'jp-goals-button jp-mod-styled', label);
     button.type = 'button';
@@ -432,6 +450,7 @@ export class GoalsSidebar extends Widget {
     return button;
   }
 
+  private readonly _stopAllNote: HTMLElement;
   private readonly _errorNode: HTMLElement;
   private readonly _healthNode: HTMLElement;
   private readonly _sessionsNode: HTMLElement;

@@ -166,6 +166,16 @@ export interface IGoalViewOptions {
   /** A terminal record: no buttons, marked read-only. */
   readOnly?: boolean;
   onAction?: (action: GoalControl) => Promise<void>;
+  /** "Edit Goal" (objective, requirements, budget): shown while the Goal has not ended. */
+  onEdit?: () => void;
+}
+
+/** Goal states that end it: nothing to edit or act on any more. */
+export const ENDED_GOAL_STATES = new Set(['achieved', 'cancelled']);
+
+/** The "Edit Goal" button (objective, requirements, budget; the waiver reason). */
+export function editGoalButton(testid: string, onEdit: () => void): HTMLButtonElement {
+  return button('Edit Goal', testid, onEdit, 'Edit Goal: change the objective, requirements or budget');
 }
 
 /** The Goal: objective, state / phase / reason, requirements with verdicts, Todo, usage, actions. */
@@ -231,7 +241,11 @@ export function goalView(goal: IGoal, options: IGoalViewOptions = {}): HTMLEleme
     root.classList.add('jp-goals-mod-readonly');
     root.append(el('div', 'jp-goals-readonly', 'Read-only record', 'goals-goal-readonly'));
   } else if (options.onAction) {
-    root.append(actionBar('goals-goal', GOAL_ACTIONS, goal.actions, goal.reason, options.onAction));
+    const bar = actionBar('goals-goal', GOAL_ACTIONS, goal.actions, goal.reason, options.onAction);
+    if (options.onEdit && !ENDED_GOAL_STATES.has(goal.state)) {
+      bar.append(editGoalButton('goals-goal-edit', options.onEdit));
+    }
+    root.append(bar);
   }
   return root;
 }

@@ -1,0 +1,184 @@
+"""Every reason with its action, in JupyterLab (issue 32 item 1, item 3): Edit Goal raises a budget-stopped
+Goal's budget and it runs again; the chat's Permissions revoke an always-allowed tool and the next such call
+asks; Stop all work says how many chats stop and stops them durably; the chat header shows its usage.
+
+A real server and JupyterLab with the built labextension, headless Chromium driven by accessible names
+(role + label), scripted models. Setup as in ``test_browser.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from .browser import (
+    LabPage,
+    api,
+    goals_ready,
+    jp_asyncio_loop,  # noqa: F401 - Playwright keeps its own loop (see there)
+    require_chromium,
+    run_jupyter_lab,
+    session_view,
+    wait_until,
+)
+from .servers import write_script
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Locator
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+require_chromium()
+
+OPEN = "([sid]) => window.jupyterapp.commands.execute('jupyter-goals:open-session', {session_id: sid})"
+
+
+def open_view(lab: LabPage, session_id: str) -> Locator:
+    lab.page.evaluate(OPEN, [session_id])
+    view = session_view(lab, session_id)
+    view.wait_for(timeout=20_000)
+    return view
+
+
+def known_tokens(server: object, goal_id: str) -> int:
+    usage = api(server, "GET", f"usage?goal_id={goal_id}")  # type: ignore[arg-type]
+    tokens = usage["known_tokens"] or {"input": 0, "output": 0}
+    return int(tokens["input"]) + int(tokens["output"])
+
+
+def test_edit_goal_raises_a_budget_stopped_goals_budget_and_it_runs_again(browser: Browser, tmp_path: Path) -> None:
+    """Each model answer reports 110 tokens (a write, then a word: 220 a turn); a Goal whose requirement is never met stops at its 250-token budget.
+    In the session view the Goal line offers Edit Goal; the dialog shows the budget with what is spent,
+    the person raises it to 600 and saves: the Goal runs again (revision 2) until the new budget stops it,
+    and the header's usage line counts the tokens."""
+    usage = {"input_tokens": 100, "output_tokens": 10}
+    model = write_script(tmp_path / "spend.json", [
+        {"when": {"last_tool_result_contains": "wrote"}, "respond": {"text": "step", "usage": usage}},
+    ], default={"text": "", "tool_calls": [{"name": "write_file", "arguments": {"path": "p.txt", "content": "x"}}],
+                "usage": usage})
+    with run_jupyter_lab(tmp_path) as started:
+        server = goals_ready(started)
+        sid = api(server, "POST", "sessions", {"title": "budget chat", "model": model,
+                                               "permissions": {"mode": "bypass"}})["session_id"]
+        goal = api(server, "POST", "goals", {
+            "session_id": sid, "objective": "Spend tokens",
+            "requirements": [{"id": "r1", "text": "never.txt exists", "kind": "file_exists", "path": "never.txt"}],
+            "budget": {"max_tokens": 250}})
+        gid = goal["goal_id"]
+        wait_until(lambda: api(server, "GET", f"goals/{gid}")["state"] == "budget_exhausted", "budget stop", 60)
+        spent = known_tokens(server, gid)
+        assert 250 <= spent < 600
+
+        lab = LabPage.open(browser, server)
+        try:
+            view = open_view(lab, sid)
+            view.get_by_role("button", name="Edit Goal").click()
+            dialog = lab.page.get_by_role("dialog")
+            assert dialog.get_by_label("Objective").input_value() == "Spend tokens"
+            assert dialog.get_by_label("Requirements").input_value() == "never.txt exists"
+            tokens = dialog.get_by_label("Budget in tokens")
+            assert tokens.input_value() == "250"
+            assert f"{spent} tokens" in dialog.inner_text()  # what is spent, beside the limit
+            tokens.fill("600")
+            dialog.get_by_role("button", name="Save Goal").click()
+            wait_until(lambda: api(server, "GET", f"goals/{gid}")["revision"] == 2, "revision 2")
+            now = api(server, "GET", f"goals/{gid}")
+            assert now["budget"]["max_tokens"] == 600
+            assert now["requirements"][0]["id"] == "r1"  # the unchanged line kept its requirement: no waiver
+            wait_until(lambda: known_tokens(server, gid) >= 600, "the Goal ran again up to its new budget", 60)
+            wait_until(lambda: api(server, "GET", f"goals/{gid}")["state"] == "budget_exhausted", "stopped again", 60)
+            usage = view.locator('[data-testid="goals-session-usage"]')
+            wait_until(lambda: f"{known_tokens(server, gid):,} tokens" in usage.inner_text(), "usage in the header")
+            lab.screenshot(tmp_path / "edit-goal.png")
+
+            # A stale edit: the Goal is revised elsewhere while the dialog is open; Save shows the 409 in words.
+            view.get_by_role("button", name="Edit Goal").click()
+            dialog = lab.page.get_by_role("dialog")
+            api(server, "PATCH", f"goals/{gid}", {"expected_revision": 2, "objective": "Spend tokens, carefully"})
+            dialog.get_by_label("Budget in tokens").fill("900")
+            dialog.get_by_role("button", name="Save Goal").click()
+            alert = view.locator('[data-testid="goals-composer-alert"], [role="alert"]').filter(has_text="changed meanwhile")
+            alert.first.wait_for(timeout=10_000)
+            assert api(server, "GET", f"goals/{gid}")["budget"]["max_tokens"] == 600  # nothing half-saved
+        finally:
+            lab.close()
+
+
+def test_permissions_dialog_revokes_an_always_allowed_tool_and_the_next_call_asks(browser: Browser, tmp_path: Path) -> None:
+    """An ask chat with write_file always allowed writes without asking; the person opens Permissions from
+    the chat header, revokes write_file and saves; the next write waits for an approval."""
+    model = write_script(tmp_path / "write.json", [
+        {"when": {"last_tool_result_contains": ""}, "respond": {"text": "written"}},
+    ], default={"tool_calls": [{"name": "write_file", "arguments": {"path": "w.txt", "content": "x"}}]})
+    with run_jupyter_lab(tmp_path) as started:
+        server = goals_ready(started)
+        sid = api(server, "POST", "sessions", {"title": "allow chat", "model": model,
+                                               "permissions": {"mode": "ask", "allow": ["write_file"]}})["session_id"]
+        api(server, "POST", f"sessions/{sid}/messages", {"text": "write it", "client_request_id": "m-1"})
+        wait_until(lambda: api(server, "GET", f"sessions/{sid}")["work"]["phase"] == "done", "the allowed write", 60)
+        assert api(server, "GET", "approvals?state=pending")["approvals"] == []
+
+        lab = LabPage.open(browser, server)
+        try:
+            view = open_view(lab, sid)
+            view.get_by_role("button", name="Permissions", exact=True).click()
+            dialog = lab.page.get_by_role("dialog")
+            assert dialog.get_by_label("Permission mode").input_value() == "ask"
+            dialog.get_by_role("checkbox", name="Revoke write_file").check()
+            dialog.get_by_role("button", name="Save permissions").click()
+            wait_until(lambda: api(server, "GET", f"sessions/{sid}")["session"]["permissions"]["allow"] == [],
+                       "the rule revoked")
+            view.locator('[data-testid="goals-session-permissions"]').filter(
+                has_text="ask before writes").wait_for(timeout=10_000)
+            assert "allowed without asking" not in view.locator('[data-testid="goals-session-permissions"]').inner_text()
+
+            api(server, "POST", f"sessions/{sid}/messages", {"text": "write again", "client_request_id": "m-2"})
+            view.get_by_role("button", name="Approve", exact=True).wait_for(timeout=30_000)
+            pending = api(server, "GET", "approvals?state=pending")["approvals"]
+            assert [(a["session_id"], a["tool"]) for a in pending] == [(sid, "write_file")]
+        finally:
+            lab.close()
+
+
+def test_stop_all_work_says_how_many_chats_stop_and_stops_them_durably(browser: Browser, tmp_path: Path) -> None:
+    """Two chats whose turns take long and one finished chat: Stop all work asks first, naming 2 chats;
+    Cancel changes nothing; confirmed, both work items are stopped (desired_state cancelled) and the panel
+    says so."""
+    slow = write_script(tmp_path / "slow.json", [], default={"text": "still working", "delay_s": 60})
+    quick = write_script(tmp_path / "quick.json", [], default={"text": "done"})
+    with run_jupyter_lab(tmp_path) as started:
+        server = goals_ready(started)
+        busy = []
+        for n in range(2):
+            sid = api(server, "POST", "sessions", {"title": f"busy {n}", "model": slow})["session_id"]
+            busy.append(api(server, "POST", f"sessions/{sid}/messages",
+                            {"text": "work", "client_request_id": f"b-{n}"})["work_id"])
+        done_sid = api(server, "POST", "sessions", {"title": "finished", "model": quick})["session_id"]
+        api(server, "POST", f"sessions/{done_sid}/messages", {"text": "hi", "client_request_id": "d-1"})
+        wait_until(lambda: api(server, "GET", f"sessions/{done_sid}")["work"]["phase"] == "done", "finished chat")
+
+        def desired() -> list[str]:
+            works = [api(server, "GET", f"sessions/{s['session_id']}")["work"]
+                     for s in api(server, "GET", "sessions")["sessions"] if s["title"].startswith("busy")]
+            return sorted(w["desired_state"] for w in works)
+
+        lab = LabPage.open(browser, server)
+        try:
+            lab.open_goals_sidebar()
+            stop_all = lab.page.get_by_role("button", name="Stop all work")
+            stop_all.click()
+            dialog = lab.page.get_by_role("dialog")
+            assert "Work in 2 chats stops now" in dialog.inner_text()
+            dialog.get_by_role("button", name="Cancel").click()
+            assert desired() == ["run", "run"]
+
+            stop_all.click()
+            dialog = lab.page.get_by_role("dialog")
+            dialog.get_by_role("button", name="Stop all work").click()
+            lab.page.locator('[data-testid="goals-stop-all-result"]').filter(
+                has_text="Stopped 2 work items").wait_for(timeout=10_000)
+            assert desired() == ["cancelled", "cancelled"]
+        finally:
+            lab.close()
