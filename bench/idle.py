@@ -145,25 +145,19 @@ def trace_write_locks(pids: dict[int, str], seconds: float, out: Path) -> dict[s
 # --------------------------------------------------------------------------- the run
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sessions", type=int, default=100, help="finished sessions, one timed message each")
-    p.add_argument("--idle-s", type=float, default=30.0, help="the idle window for CPU and commits")
-    p.add_argument("--trace-s", type=float, default=10.0, help="the strace window (0: skip)")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--extra", action="append", default=[], help="another --GoalsApp.x=y for the server")
-    args = p.parse_args()
-
+def run(sessions: int = 100, idle_s: float = 30.0, trace_s: float = 10.0, extra: list[str] | None = None) -> dict[str, Any]:
+    """The measurements of the module docstring on a fresh server; the JSON object ``--json`` prints."""
+    extra = list(extra or [])
     base = Path(tempfile.mkdtemp(prefix="jg-bench-idle-"))
     state, root = base / "state", base / "root"
     root.mkdir()
     model = write_script(base / "script.json", [], default={"text": "ok"})
-    server = ServerProcess(state, root, model=model, extra=[*DEFAULTS, *args.extra])
+    server = ServerProcess(state, root, model=model, extra=[*DEFAULTS, *extra])
     server.start()
     http = httpx.Client(base_url=f"{server.url}api/goals/", headers={"Authorization": f"token {server.token}"},
                         timeout=60)
     ro = sqlite3.connect(f"file:{state / 'control.db'}?mode=ro", uri=True, timeout=30)
-    out: dict[str, Any] = {"sessions": args.sessions, "config": DEFAULTS + args.extra}
+    out: dict[str, Any] = {"sessions": sessions, "config": DEFAULTS + extra}
     try:
         # every worker registered and past its start (its first look for work), then one untimed message
         deadline = time.monotonic() + 60
@@ -176,7 +170,7 @@ def main() -> None:
         # 1. POST -> turn start
         latencies: list[float] = []
         parts: dict[str, list[float]] = {"accepted": [], "admitted": [], "claimed": []}
-        for i in range(-1, args.sessions):
+        for i in range(-1, sessions):
             r = http.post("sessions", json={"title": f"idle bench {i}", "cwd": str(root)})
             r.raise_for_status()
             sid = r.json()["session"]["session_id"]
@@ -227,7 +221,7 @@ def main() -> None:
         cpu0 = {pid: cpu_seconds(pid) for pid in pids}
         t0 = time.monotonic()
         beats: set[tuple[str, float]] = set()
-        while time.monotonic() - t0 < args.idle_s:
+        while time.monotonic() - t0 < idle_s:
             for wid, at in ro.execute("SELECT worker_id, heartbeat_at FROM workers WHERE state = 'live'"):
                 beats.add((wid, float(at)))
             time.sleep(0.1)
@@ -254,12 +248,27 @@ def main() -> None:
             "other": (round((control_commits - heartbeats) / elapsed, 3) if control_commits is not None else None)}
 
         # 4. write transactions (write-lock acquisitions), traced
-        if args.trace_s > 0:
-            out["idle_write_transactions"] = trace_write_locks(pids, args.trace_s, base / "strace.txt")
+        if trace_s > 0:
+            out["idle_write_transactions"] = trace_write_locks(pids, trace_s, base / "strace.txt")
     finally:
         ro.close()
         http.close()
         server.kill()
+    out["base"] = str(base)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sessions", type=int, default=100, help="finished sessions, one timed message each")
+    p.add_argument("--idle-s", type=float, default=30.0, help="the idle window for CPU and commits")
+    p.add_argument("--trace-s", type=float, default=10.0, help="the strace window (0: skip)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--extra", action="append", default=[], help="another --GoalsApp.x=y for the server")
+    args = p.parse_args()
+
+    out = run(args.sessions, args.idle_s, args.trace_s, args.extra)
+    base = out.pop("base")
     if args.json:
         print(json.dumps(out))
         return

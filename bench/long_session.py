@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import tempfile
@@ -68,12 +69,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--items", type=int, default=20000)
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args()
-    marks = sorted({1000, 2000, min(10000, args.items), args.items})
+def run(items: int = 20000, *, early: int = 1000, late: int | None = None, extra: list[str] | None = None,
+        env: dict[str, str] | None = None, model_name: str | None = None) -> dict[str, Any]:
+    """The loop of the module docstring until ``items`` transcript items; rates around ``early`` and ``late``
+    (default min(10,000, items)) items. ``model_name``: a named model (``GoalsApp.models`` in ``extra``)
+    the busy session uses instead of the script itself (one with a context window is compacted)."""
+    late = min(10000, items) if late is None else late
+    marks = sorted({early, 2 * early, late, items})
 
     base = Path(tempfile.mkdtemp(prefix="jg-bench-long-"))
     state, root = base / "state", base / "root"
@@ -81,10 +83,11 @@ def main() -> None:
     (root / "small.txt").write_text("a short file\n")
     model = write_script(base / "loop.json", [], {"tool_calls": [{"name": "read_file", "arguments": {"path": "small.txt"}}],
                                                   "usage": {"input_tokens": 10, "output_tokens": 5}})
-    server = ServerProcess(state, root, model=model).start()
+    server = ServerProcess(state, root, model=model, extra=extra, env=env).start()
     http = httpx.Client(base_url=server.url + "api/goals", headers={"Authorization": f"token {server.token}"},
                         timeout=60)
-    sid = http.post("/sessions", json={"title": "busy", "permissions": {"mode": "bypass"}}).json()["session"]["session_id"]
+    sid = http.post("/sessions", json={"title": "busy", "permissions": {"mode": "bypass"},
+                                       **({"model": model_name} if model_name else {})}).json()["session"]["session_id"]
     http.post(f"/sessions/{sid}/messages", json={"text": "read small.txt forever", "client_request_id": "go"})
     quick = write_script(base / "quick.json", [], {"text": "ok", "usage": {"input_tokens": 1, "output_tokens": 1}})
     other = http.post("/sessions", json={"title": "other", "model": quick}).json()["session"]["session_id"]
@@ -128,7 +131,7 @@ def main() -> None:
             workers = children(server.proc.pid)
             rss[marks[next_mark]] = (rss_mb(server.proc.pid), sum(rss_mb(w) for w in workers))
             next_mark += 1
-        if n >= args.items:
+        if n >= items:
             break
         if time.monotonic() - started > 3600:
             raise SystemExit(f"only {n} items after an hour")
@@ -164,10 +167,10 @@ def main() -> None:
             return float("nan")
         return 1000 * (window[-1][0] - window[0][0]) / (window[-1][1] - window[0][1])
 
-    early = rate_around(1000, 500)
-    late = rate_around(min(10000, args.items), 1000)
-    cpu_early = cpu_ms_per_item(1000, 500)
-    cpu_late = cpu_ms_per_item(min(10000, args.items), 1000)
+    early_rate = rate_around(early, early // 2)
+    late_rate = rate_around(late, max(1, late // 10))
+    cpu_early = cpu_ms_per_item(early, early // 2)
+    cpu_late = cpu_ms_per_item(late, max(1, late // 10))
     newest = []
     for _ in range(6):
         t0 = time.perf_counter()
@@ -175,12 +178,13 @@ def main() -> None:
         newest.append(time.perf_counter() - t0)
     newest_ms = statistics.median(newest[1:]) * 1000
     result: dict[str, Any] = {
-        "items": args.items,
-        "items_per_s_at_1000": round(early, 1),
-        f"items_per_s_at_{min(10000, args.items)}": round(late, 1),
-        "rate_ratio": round(late / early, 2),
-        "worker_cpu_ms_per_item_at_1000": round(cpu_early, 2),
-        f"worker_cpu_ms_per_item_at_{min(10000, args.items)}": round(cpu_late, 2),
+        "items": items,
+        f"items_per_s_at_{early}": round(early_rate, 1), "rate_early": round(early_rate, 1),
+        "rate_late": round(late_rate, 1),
+        f"items_per_s_at_{late}": round(late_rate, 1),
+        "rate_ratio": round(late_rate / early_rate, 2), "early": early, "late": late,
+        f"worker_cpu_ms_per_item_at_{early}": round(cpu_early, 2),
+        f"worker_cpu_ms_per_item_at_{late}": round(cpu_late, 2),
         "snapshot_p50_ms_while_busy": round(percentile(snapshots, 0.5) * 1000, 1),
         "snapshot_p90_ms_while_busy": round(percentile(snapshots, 0.9) * 1000, 1),
         "snapshots_sampled": len(snapshots),
@@ -194,23 +198,36 @@ def main() -> None:
         "rss_mb": {str(k): {"server": round(v[0], 1), "workers": round(v[1], 1)} for k, v in rss.items()},
     }
     server.stop()
+    shutil.rmtree(base, ignore_errors=True)
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--items", type=int, default=20000)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    result = run(args.items)
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"items/s around 1,000: {early:.1f}; around {min(10000, args.items):,}: {late:.1f} "
+    early, late, n_late = result["rate_early"], result["rate_late"], result["late"]
+    cpu_early, cpu_late = result["worker_cpu_ms_per_item_at_1000"], result[f"worker_cpu_ms_per_item_at_{n_late}"]
+    print(f"items/s around 1,000: {early:.1f}; around {n_late:,}: {late:.1f} "
           f"(ratio {late / early:.2f}, target >= 0.8: {'PASS' if late / early >= 0.8 else 'FAIL'})")
-    print(f"worker CPU per item around 1,000: {cpu_early:.2f} ms; around {min(10000, args.items):,}: {cpu_late:.2f} ms "
+    print(f"worker CPU per item around 1,000: {cpu_early:.2f} ms; around {n_late:,}: {cpu_late:.2f} ms "
           f"(ratio {cpu_early / cpu_late:.2f}: the same figure without other processes' load)")
     p90 = result["snapshot_p90_ms_while_busy"]
-    print(f"snapshot while busy: p50 {result['snapshot_p50_ms_while_busy']} ms, p90 {p90} ms over {len(snapshots)} reads "
+    print(f"snapshot while busy: p50 {result['snapshot_p50_ms_while_busy']} ms, p90 {p90} ms over {result['snapshots_sampled']} reads "
           f"(target p90 < 100 ms: {'PASS' if p90 < 100 else 'FAIL'})")
+    newest_ms = result["newest_page_ms_at_end"]
     print(f"newest page of the {args.items:,}-item session: {newest_ms:.1f} ms "
           f"(target < 100 ms: {'PASS' if newest_ms < 100 else 'FAIL'})")
     other_lat = result["other_session_post_to_turn_start_ms"]
     print(f"another session's POST -> turn start while busy: median {other_lat['median']} ms, "
           f"p99 {other_lat['p99']} ms over {other_lat['n']} messages (medians of the steps: {other_lat['steps_median']})")
-    for k, (srv, wrk) in sorted(rss.items()):
-        print(f"RSS at {k:,} items: server {srv:.0f} MB, workers {wrk:.0f} MB")
+    for k, v in sorted(result["rss_mb"].items(), key=lambda kv: int(kv[0])):
+        print(f"RSS at {int(k):,} items: server {v['server']:.0f} MB, workers {v['workers']:.0f} MB")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -42,19 +43,14 @@ def timed(fn: Any, repeat: int) -> tuple[float, Any]:
     return statistics.median(times), result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sessions", type=int, default=1000)
-    p.add_argument("--items", type=int, default=20000)
-    p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args()
-
+def run(sessions: int = 1000, items: int = 20000, repeat: int = 5) -> dict[str, Any]:
+    """The measurements of the module docstring; the JSON object ``--json`` prints (plus the server's RSS
+    once they are done, ``server_rss_mb``)."""
     base = Path(tempfile.mkdtemp(prefix="jg-bench-sessions-"))
     state, root = base / "state", base / "root"
     root.mkdir()
-    seed_sessions(state, args.sessions)
-    long_sid = seed_long_session(state, args.items)
+    seed_sessions(state, sessions)
+    long_sid = seed_long_session(state, items)
     server = ServerProcess(state, root, model=write_script(base / "script.json", []), extra=["--GoalsApp.workers=0"])
     # workers=0: nothing runs, so wait_ready's worker check does not apply; wait for health instead
     server.start(wait=False)
@@ -63,7 +59,8 @@ def main() -> None:
         deadline = time.monotonic() + 60
         while True:
             try:
-                if http.get("health").status_code == 200:
+                # health answers while the start runs; the list answering 200 means it is over
+                if http.get("health").status_code == 200 and http.get("sessions").status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -87,24 +84,47 @@ def main() -> None:
                 if cursor is None:
                     return n, size, requests
 
-        out: dict[str, Any] = {"sessions": args.sessions + 1, "transcript_items": args.items}
-        t, r = timed(lambda: get("sessions"), args.repeat)
+        out: dict[str, Any] = {"sessions": sessions + 1, "transcript_items": items}
+        t, r = timed(lambda: get("sessions"), repeat)
         out["first_page"] = {"ms": round(t * 1000, 1), "bytes": len(r.content), "rows": len(r.json()["sessions"])}
         for limit in (100, 500):
-            t, (n, size, requests) = timed(lambda limit=limit: walk(limit), args.repeat)
+            t, (n, size, requests) = timed(lambda limit=limit: walk(limit), repeat)
             out[f"walk_limit_{limit}"] = {"ms": round(t * 1000, 1), "bytes": size, "rows": n, "requests": requests}
-        t, r = timed(lambda: get("sessions", q="session 99"), args.repeat)
+        t, r = timed(lambda: get("sessions", q="session 99"), repeat)
         out["filter_text"] = {"ms": round(t * 1000, 1), "rows": len(r.json()["sessions"])}
-        t, r = timed(lambda: get("sessions", state="idle,queued"), args.repeat)
+        t, r = timed(lambda: get("sessions", state="idle,queued"), repeat)
         out["filter_state"] = {"ms": round(t * 1000, 1), "rows": len(r.json()["sessions"])}
-        t, r = timed(lambda: get(f"sessions/{long_sid}", before="latest", limit=200), args.repeat)
+        t, r = timed(lambda: get(f"sessions/{long_sid}", before="latest", limit=200), repeat)
         out["transcript_latest_page"] = {"ms": round(t * 1000, 1), "bytes": len(r.content),
                                          "items": len(r.json()["transcript"]["items"])}
-        t, r = timed(lambda: get(f"sessions/{long_sid}", after=0, limit=200), args.repeat)
+        t, r = timed(lambda: get(f"sessions/{long_sid}", after=0, limit=200), repeat)
         out["transcript_first_page"] = {"ms": round(t * 1000, 1), "bytes": len(r.content)}
+        assert server.proc is not None
+        out["server_rss_mb"] = rss_mb(server.proc.pid)
     finally:
         http.close()
         server.kill()
+        shutil.rmtree(base, ignore_errors=True)
+    return out
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of a process (``/proc/<pid>/status``), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sessions", type=int, default=1000)
+    p.add_argument("--items", type=int, default=20000)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+
+    out = run(args.sessions, args.items, args.repeat)
     if args.json:
         print(json.dumps(out))
         return

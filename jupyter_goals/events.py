@@ -34,6 +34,7 @@ from jupyter_goals.models import (
 class EventKind(StrEnum):
     SESSION_CREATED = "session.created"
     SESSION_PERMISSIONS = "session.permissions"
+    SESSION_UPDATED = "session.updated"
     MESSAGE_ACCEPTED = "message.accepted"
     WORK_CREATED = "work.created"
     WORK_PHASE = "work.phase"
@@ -64,6 +65,7 @@ class EventKind(StrEnum):
     RECOVERY_DECIDED = "recovery.decided"
     WORKER_REGISTERED = "worker.registered"
     WORKER_DEAD = "worker.dead"
+    WORK_TAKEN_OVER = "work.taken_over"
     NOTEBOOK_BOUND = "notebook.bound"
     NOTEBOOK_RENAMED = "notebook.renamed"
 
@@ -101,6 +103,15 @@ class SessionPermissionsPayload(BaseModel):
     """The session's permission scope changed (``PATCH /sessions/{id}``, or carried to a subtask's session)."""
 
     permissions: Permissions
+
+
+class SessionUpdatedPayload(BaseModel):
+    """The session's title or model changed (``PATCH /sessions/{id}``): both as they are now. A new model
+    applies from the session's next turn; a running turn keeps the one it began with."""
+
+    session_id: str
+    title: str
+    model: str
 
 
 class MessageAcceptedPayload(BaseModel):
@@ -359,6 +370,17 @@ class WorkerDeadPayload(BaseModel):
     reason: str
 
 
+class WorkTakenOverPayload(BaseModel):
+    """A lost host's work item was taken over (DESIGN §3): who took it, from which host to which;
+    ``unknown_calls``: the calls it had dispatched there, unknown outcomes from now on."""
+
+    work_id: str
+    from_host: str
+    to_host: str
+    by: str
+    unknown_calls: list[str]
+
+
 class NotebookBoundPayload(BaseModel):
     """A notebook path was bound to a session (``PUT /notebook-session``)."""
 
@@ -375,6 +397,7 @@ class NotebookRenamedPayload(BaseModel):
 PAYLOADS: dict[EventKind, type[BaseModel]] = {
     EventKind.SESSION_CREATED: SessionCreatedPayload,
     EventKind.SESSION_PERMISSIONS: SessionPermissionsPayload,
+    EventKind.SESSION_UPDATED: SessionUpdatedPayload,
     EventKind.MESSAGE_ACCEPTED: MessageAcceptedPayload,
     EventKind.WORK_CREATED: WorkCreatedPayload,
     EventKind.WORK_PHASE: WorkPhasePayload,
@@ -405,6 +428,7 @@ PAYLOADS: dict[EventKind, type[BaseModel]] = {
     EventKind.RECOVERY_DECIDED: RecoveryDecidedPayload,
     EventKind.WORKER_REGISTERED: WorkerRegisteredPayload,
     EventKind.WORKER_DEAD: WorkerDeadPayload,
+    EventKind.WORK_TAKEN_OVER: WorkTakenOverPayload,
     EventKind.NOTEBOOK_BOUND: NotebookBoundPayload,
     EventKind.NOTEBOOK_RENAMED: NotebookRenamedPayload,
 }

@@ -1,161 +1,35 @@
 """The ACP agent (issue 29) driven by the SDK's own client side against real ``jupyter server`` processes:
 in process over a socket pair, and as a real subprocess (``spawn_agent_process``) killed -9 with the server.
 
-Runs against whichever ``agent-client-protocol`` is installed (0.11.x and 0.12.x are supported)."""
+Runs against whichever ``agent-client-protocol`` is installed: scripts/test runs them with 0.12.x, then
+with 0.11.x in a venv of their own (``.venv-acp011``). The SDK is a test dependency: nothing skips without it.
+The harness (``Recorder``, ``in_process``, ``subprocess_agent``, the scripted rules) is ``tests/acpkit.py``."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import sys
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from acp import text_block
+from acp.schema import EmbeddedResourceContentBlock, ResourceContentBlock, TextResourceContents
 
-acp = pytest.importorskip("acp")
-
-from acp import connect_to_agent, run_agent, spawn_agent_process, text_block  # noqa: E402
-from acp.contrib.session_state import SessionAccumulator  # noqa: E402
-from acp.schema import (  # noqa: E402
-    AllowedOutcome,
-    EmbeddedResourceContentBlock,
-    PermissionOption,
-    RequestPermissionResponse,
-    ResourceContentBlock,
-    SessionNotification,
-    TextResourceContents,
-    ToolCallUpdate,
-)
-
-from jupyter_goals.clients.acp.agent import GoalsAgent, client_request_id  # noqa: E402
-from jupyter_goals.clients.acp.commands import commands_update, parse, recovered_state, usage_update  # noqa: E402
-from jupyter_goals.clients.acp.updates import TranscriptItem, item_updates, prompt_text  # noqa: E402
-from jupyter_goals.host.effect_files import group_members  # noqa: E402
-from jupyter_goals.testing import ServerFactory, ServerProcess, full_passes, wait_for  # noqa: E402
-from tests.servers import lines, running_shell  # noqa: E402
-
-
-def call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
-
-
-RULES: list[dict[str, Any]] = [
-    {"when": {"last_tool_result_contains": "denied by the user"}, "respond": {"text": "Understood, not done."}},
-    {"when": {"last_user_contains": "append", "last_tool_result_contains": "exit status: 0"},
-     "respond": {"text": "Appended one line."}},
-    {"when": {"last_user_contains": "append"},
-     "respond": {"text": "Appending.", "tool_calls": [{"name": "shell", "arguments": {"command": "echo line >> out.txt"}}]}},
-    {"when": {"last_user_contains": "long", "last_tool_result_contains": "exit status"}, "respond": {"text": "Long done."}},
-    {"when": {"last_user_contains": "long"}, "respond": call("shell", command="sleep 60; echo line >> long.txt")},
-    {"when": {"last_user_contains": "hello"}, "respond": {"text": "Hello from the scripted model."}},
-    {"when": {"last_user_contains": "plan it", "last_tool_result_contains": "todo version"}, "respond": {"text": "Planned."}},
-    {"when": {"last_user_contains": "plan it"},
-     "respond": call("todo_write", items=[{"text": "read the data", "status": "in_progress", "required": False},
-                                          {"text": "write the report", "status": "pending", "required": True}])},
-    {"when": {"last_user_contains": "stream"},
-     "respond": {"stream_chunks": ["Streaming ", "one ", "piece ", "at a time."], "chunk_delay_s": 0.25}},
-]
-
-
-class Recorder:
-    """An ACP client: every ``session/update`` goes into a ``SessionAccumulator``; permission requests
-    wait in a queue for the test to answer."""
-
-    def __init__(self) -> None:
-        self.acc = SessionAccumulator()
-        self.notes: list[SessionNotification] = []
-        self.asked: asyncio.Queue[tuple[ToolCallUpdate, list[PermissionOption], asyncio.Future[str]]] = asyncio.Queue()
-
-    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
-        note = SessionNotification(session_id=session_id, update=update)
-        self.notes.append(note)
-        self.acc.apply(note)
-
-    async def request_permission(self, session_id: str, tool_call: ToolCallUpdate, options: list[PermissionOption],
-                                 **kwargs: Any) -> RequestPermissionResponse:
-        answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        await self.asked.put((tool_call, options, answer))
-        return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=await answer))
-
-    def on_connect(self, conn: Any) -> None:
-        pass
-
-    def view(self) -> dict[str, Any]:
-        """The conversation as a person sees it: messages joined per message id, tool calls' final state."""
-        snap = self.acc.snapshot()
-
-        def joined(chunks: Any) -> list[tuple[str | None, str]]:
-            out: dict[str | None, str] = {}
-            for c in chunks:
-                out[c.message_id] = out.get(c.message_id, "") + c.content.text
-            return list(out.items())
-
-        calls = {k: (v.title, v.kind, v.status, v.raw_input, v.raw_output) for k, v in snap.tool_calls.items()}
-        plan = [(e.content, e.priority, e.status) for e in snap.plan_entries]
-        agent = [(i, t) for i, t in joined(snap.agent_messages) if not str(i).startswith("recovered:")]
-        return {"user": joined(snap.user_messages), "agent": agent, "calls": calls, "plan": plan}
-
-    def recovered(self) -> list[str]:
-        """The recovered state told after a load (not part of the conversation itself)."""
-        return [c.content.text.strip() for c in self.acc.snapshot().agent_messages
-                if str(c.message_id).startswith("recovered:")]
-
-    def said(self) -> str:
-        """The last agent message's text (a command's answer)."""
-        return client_text(self.acc.snapshot().agent_messages[-1])
-
-    def usage(self) -> list[Any]:
-        return [n.update for n in self.notes if n.update.session_update == "usage_update"]
-
-
-def client_text(chunk: Any) -> str:
-    return str(chunk.content.text)
+from jupyter_goals.clients.acp.agent import GoalsAgent, client_request_id
+from jupyter_goals.clients.acp.commands import commands_update, parse, recovered_state, usage_update
+from jupyter_goals.clients.acp.updates import TranscriptItem, item_updates, prompt_text
+from jupyter_goals.host.effect_files import group_members
+from jupyter_goals.testing import ServerFactory, full_passes, wait_for
+from tests.acpkit import Recorder, acp_servers, in_process, subprocess_agent
+from tests.servers import lines, running_shell
 
 
 @pytest.fixture
 def servers(tmp_path: Path) -> Iterator[ServerFactory]:
-    factory = ServerFactory(tmp_path, RULES)
-    try:
-        yield factory
-    finally:
-        factory.close()
-
-
-@asynccontextmanager
-async def in_process(server: ServerProcess, client: Recorder, agent: GoalsAgent | None = None) -> AsyncIterator[Any]:
-    """The agent and the SDK's client side in this process, over a socket pair."""
-    agent = agent or GoalsAgent(server.url, server.token)
-    a, b = socket.socketpair()
-    agent_reader, agent_writer = await asyncio.open_connection(sock=a)
-    client_reader, client_writer = await asyncio.open_connection(sock=b)
-    task = asyncio.create_task(run_agent(agent, agent_writer, agent_reader, observers=[agent.observe]))
-    conn = connect_to_agent(client, client_writer, client_reader)  # type: ignore[arg-type]
-    try:
-        yield conn
-    finally:
-        await conn.close()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await agent.close()
-
-
-@asynccontextmanager
-async def subprocess_agent(server: ServerProcess, client: Recorder, log: Path) -> AsyncIterator[tuple[Any, Any]]:
-    """``python -m jupyter_goals.acp`` as a real process (stderr to a file: stdout is JSON-RPC only)."""
-    err = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        async with spawn_agent_process(client, sys.executable, "-m", "jupyter_goals.acp", "--url", server.url,  # type: ignore[arg-type]
-                                       "--token", server.token, "--log-level", "INFO",
-                                       transport_kwargs={"stderr": err}) as (conn, proc):
-            yield conn, proc
-    finally:
-        os.close(err)
+    yield from acp_servers(tmp_path)
 
 
 def test_transcript_items_become_acp_updates_with_durable_ids() -> None:
@@ -223,18 +97,6 @@ async def test_initialize_new_session_prompt_modes_and_list(servers: ServerFacto
         assert loaded.modes.current_mode_id == "bypass"
         live = client.view()
         assert replayed.view() == live  # messages, answers and tool calls with their final state
-
-        cl = server.client()
-        made = {cl.create_session(title=f"walk {i}", cwd=str(servers.root / "walk"))["session"]["session_id"]
-                for i in range(230)}
-        walked: list[str] = []
-        cursor: str | None = None
-        while True:
-            page = await conn.list_sessions(cursor=cursor)
-            walked += [s.session_id for s in page.sessions]
-            if not (cursor := page.next_cursor):
-                break
-        assert len(walked) == len(set(walked)) == 232 and made <= set(walked)
 
 
 @pytest.mark.slow

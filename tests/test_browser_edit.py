@@ -68,8 +68,10 @@ def test_edit_goal_raises_a_budget_stopped_goals_budget_and_it_runs_again(browse
             "budget": {"max_tokens": 250}})
         gid = goal["goal_id"]
         wait_until(lambda: api(server, "GET", f"goals/{gid}")["state"] == "budget_exhausted", "budget stop", 60)
+        # the ledger applies receipts from the outbox after they commit: wait for it to count them
+        wait_until(lambda: known_tokens(server, gid) >= 250, "the spent tokens in the ledger", 30)
         spent = known_tokens(server, gid)
-        assert 250 <= spent < 600
+        assert spent < 600
 
         lab = LabPage.open(browser, server)
         try:
@@ -180,5 +182,66 @@ def test_stop_all_work_says_how_many_chats_stop_and_stops_them_durably(browser: 
             lab.page.locator('[data-testid="goals-stop-all-result"]').filter(
                 has_text="Stopped 2 work items").wait_for(timeout=10_000)
             assert desired() == ["cancelled", "cancelled"]
+        finally:
+            lab.close()
+
+
+def test_the_attention_inbox_lists_what_waits_with_its_action_and_counts_it_on_the_goals_tab(
+        browser: Browser, tmp_path: Path) -> None:
+    """An approval waiting in an ask chat and a Goal stopped at its budget: the Goals panel's "Waiting for
+    you" lists both with their actions, and the Goals tab shows 2. Approve in the inbox: the write runs,
+    the approval leaves, the tab shows 1. After kill -9 and a restart, a reloaded page rebuilds the inbox
+    from the server: the budget stop with Edit Goal."""
+    write = write_script(tmp_path / "write.json", [
+        {"when": {"last_tool_result_contains": ""}, "respond": {"text": "written"}},
+    ], default={"tool_calls": [{"name": "write_file", "arguments": {"path": "w.txt", "content": "x"}}]})
+    usage = {"input_tokens": 100, "output_tokens": 10}
+    spend = write_script(tmp_path / "spend.json", [
+        {"when": {"last_tool_result_contains": "wrote"}, "respond": {"text": "step", "usage": usage}},
+    ], default={"text": "", "tool_calls": [{"name": "write_file", "arguments": {"path": "p.txt", "content": "x"}}],
+                "usage": usage})
+    with run_jupyter_lab(tmp_path) as started:
+        server = goals_ready(started)
+        ask = api(server, "POST", "sessions", {"title": "ask chat", "model": write})["session_id"]
+        api(server, "POST", f"sessions/{ask}/messages", {"text": "write it", "client_request_id": "a-1"})
+        sid = api(server, "POST", "sessions", {"title": "budget chat", "model": spend,
+                                               "permissions": {"mode": "bypass"}})["session_id"]
+        gid = api(server, "POST", "goals", {
+            "session_id": sid, "objective": "Spend tokens", "budget": {"max_tokens": 250},
+            "requirements": [{"id": "r1", "text": "never.txt exists", "kind": "file_exists", "path": "never.txt"}],
+        })["goal_id"]
+        wait_until(lambda: api(server, "GET", "attention")["count"] == 2, "two things waiting", 60)
+
+        lab = LabPage.open(browser, server)
+        try:
+            tab = lab.page.locator(lab.sidebar_tab())
+            wait_until(lambda: tab.get_attribute("data-count") == "2", "the tab's count")
+            lab.open_goals_sidebar()
+            inbox = lab.page.locator(lab.sidebar).get_by_role("region", name="Waiting for you")
+            items = inbox.locator('[data-testid="goals-inbox-item"]')
+            wait_until(lambda: items.count() == 2, "two inbox items")
+            approval = items.filter(has_text="ask chat")
+            assert approval.get_attribute("data-kind") == "approval"
+            budget = items.filter(has_text="budget chat")
+            assert budget.get_attribute("data-kind") == "budget"
+            assert "token budget" in budget.inner_text()
+            assert budget.get_by_role("button", name="Edit Goal").is_enabled()
+            lab.screenshot(tmp_path / "inbox.png")
+
+            approval.get_by_role("button", name="Approve").click()
+            wait_until(lambda: (server.root_dir / "w.txt").exists(), "the approved write", 30)
+            wait_until(lambda: items.count() == 1, "the approval left the inbox")
+            wait_until(lambda: tab.get_attribute("data-count") == "1", "the tab's count down to 1")
+
+            server.kill()
+            server.restart()
+            lab.reload()
+            lab.open_goals_sidebar()
+            inbox = lab.page.locator(lab.sidebar).get_by_role("region", name="Waiting for you")
+            items = inbox.locator('[data-testid="goals-inbox-item"]')
+            wait_until(lambda: items.count() == 1, "the inbox rebuilt after the restart", 60)
+            assert items.first.get_attribute("data-kind") == "budget"
+            assert items.first.get_by_role("button", name="Edit Goal").is_visible()
+            assert api(server, "GET", f"goals/{gid}")["state"] == "budget_exhausted"
         finally:
             lab.close()

@@ -417,7 +417,8 @@ async def test_goal_rest_create_get_list_and_errors(rest: Api) -> None:
     assert set(created) >= {"goal_id", "session_id", "objective", "requirements", "state", "phase", "revision",
                             "budget", "usage", "actions", "acceptance"}
     assert created["actions"] == {"can_pause": True, "can_resume": False, "can_stop": False, "can_end": True,
-                                  "can_retry": False, "can_verify": True, "reason_code": ""}  # a Goal ends, never stops
+                                  "can_retry": False, "can_verify": True, "can_takeover": False,
+                                  "reason_code": ""}  # a Goal ends, never stops
     gid = created["goal_id"]
     assert (await rest.ok("GET", f"goals/{gid}"))["goal_id"] == gid
     listed = await rest.ok("GET", "goals", params={"session_id": sid})

@@ -74,9 +74,9 @@ class Store:
 
         def setup(tx: Tx) -> tuple[Row, Row, Row]:
             session = c.create_session(tx, "parent", str(tmp_path), self.model, BYPASS)
-            msg, _ = c.accept_message(tx, session, "delegate", "r1", "queue", auto_recover=True, host="host-a")
+            msg, _ = c.accept_message(tx, session, "delegate", "r1", "queue", auto_recover=True, host=host_name())
             parent = c.get_work(tx, msg["work_id"])
-            child, wait = waits.spawn_child(tx, parent, "compute", host="host-a")
+            child, wait = waits.spawn_child(tx, parent, "compute", host=host_name())
             return parent, child, wait
 
         self.parent, self.child, self.wait = self.db.transact(setup)
@@ -169,8 +169,8 @@ async def test_a_goal_revision_refuses_the_old_wakeup_and_keeps_the_result_for_t
 
     def setup(tx: Tx) -> tuple[Row, Row]:
         session = c.create_session(tx, "goal", str(tmp_path), model, BYPASS)
-        goal = lifecycle.create(tx, session, "Do it", None, {}, host="host-a", auto_recover=True)
-        _child, wait = waits.spawn_child(tx, c.get_work(tx, goal["work_id"]), "compute", host="host-a")
+        goal = lifecycle.create(tx, session, "Do it", None, {}, host=host_name(), auto_recover=True)
+        _child, wait = waits.spawn_child(tx, c.get_work(tx, goal["work_id"]), "compute", host=host_name())
         return goal, wait
 
     goal, wait = db.transact(setup)
@@ -202,14 +202,14 @@ async def test_the_unknown_effect_set_covers_invoked_subtasks_and_jobs_but_not_t
         store: Store) -> None:
     def run(tx: Tx) -> list[str]:
         parent = c.get_work(tx, store.parent["work_id"])
-        job, _ = waits.create_job(tx, parent["session_id"], "report", None, "j1", host="host-a", auto_recover=True)
+        job, _ = waits.create_job(tx, parent["session_id"], "report", None, "j1", host=host_name(), auto_recover=True)
         tx.execute("UPDATE jobs SET caller_work_id = ? WHERE job_id = ?", (parent["work_id"], job["job_id"]))
         _unknown_effect(tx, parent, "own")
         _unknown_effect(tx, c.get_work(tx, store.child["work_id"]), "in_subtask")
         _unknown_effect(tx, c.get_work(tx, job["work_id"]), "in_job")
         # later, unrelated work in the subtask's session: not part of the parent's provenance
         other, _ = c.accept_message(tx, c.get_session(tx, store.child["session_id"]), "hi", "r9", "queue",
-                                    auto_recover=True, host="host-a")
+                                    auto_recover=True, host=host_name())
         _unknown_effect(tx, c.get_work(tx, other["work_id"]), "unrelated")
         return [u["call_id"] for u in c.unknown_effects(tx, parent["work_id"])]
 
@@ -276,7 +276,7 @@ async def test_a_failing_status_query_keeps_waiting_and_a_timeout_does_not_stop_
     def with_deadline(tx: Tx) -> Row:
         parent = c.get_work(tx, store.parent["work_id"])
         other = c.create_work(tx, c.get_session(tx, store.child["session_id"]), "subtask", {"text": "x"},
-                              auto_recover=True, host="host-a")
+                              auto_recover=True, host=host_name())
         return waits.open_wait(tx, parent, "subtask", other["work_id"], timeout_s=5)
 
     timed = store.tx(with_deadline)

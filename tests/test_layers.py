@@ -184,7 +184,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("jupyter_goals.runtime",),
     ("jupyter_goals.server",),
     ("jupyter_goals.testing",),
-    ("jupyter_goals.clients", "jupyter_goals.acp"),  # jupyter_goals.acp: the short name of clients.acp
+    ("jupyter_goals.clients", "jupyter_goals.clients.tui", "jupyter_goals.acp"),  # jupyter_goals.acp: the short name of clients.acp
 )
 
 

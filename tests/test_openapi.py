@@ -138,6 +138,10 @@ async def test_a_body_the_document_allows_is_answered_and_one_it_refuses_is_a_40
                                 "requirements": [{"text": "t", "kind": "file_digest", "path": "a"}]}, 400),
         ("post", "/goals", "", {"session_id": goal_b, "objective": "o",
                                 "requirements": [{"text": "t", "kind": "command", "command": "true"}]}, 201),
+        ("post", "/goals", "", {"session_id": goal_b, "objective": "o", "client_request_id": ""}, 400),
+        ("patch", "/sessions/{session_id}", idle, {"model": "no-such-model"}, 400),
+        ("patch", "/sessions/{session_id}", idle, {"title": ""}, 400),
+        ("patch", "/sessions/{session_id}", idle, {"title": "renamed", "model": ""}, 200),  # the default model
         ("post", "/sessions", "", {"model": "no-such-model"}, 400),
         ("post", "/sessions", "", {"model": "openai:gpt-4o-mini"}, 201),
         ("post", "/sessions", "", {"model": ""}, 201),  # the default
@@ -291,10 +295,13 @@ async def test_a_representative_answer_of_every_route_matches_its_schema(api: Ap
     sid = chat["session_id"]
     await check("patch", "/sessions/{session_id}", f"sessions/{sid}", 200,
                 {"permissions": {"mode": "ask", "allow": [{"tool": "read_file", "path": "*.md"}], "folders": ["/tmp"]}})
+    await check("patch", "/sessions/{session_id}", f"sessions/{sid}", 200, {"title": "renamed chat"})
     await check("post", "/sessions/{session_id}/messages", f"sessions/{sid}/messages", 202,
                 {"text": "write a note", "client_request_id": "r1"})
     await run_turn()
     pending = await check("get", "/approvals", "approvals", 200, params={"state": "pending"})
+    waiting = await check("get", "/attention", "attention", 200)
+    assert [i["kind"] for i in waiting["items"]] == ["approval"] and waiting["count"] == 1
     snapshot = await check("get", "/sessions/{session_id}", f"sessions/{sid}", 200)
     assert snapshot["approvals"] and snapshot["transcript"]["items"] and snapshot["work"]
     approval_id = pending["approvals"][0]["approval_id"]

@@ -1,10 +1,11 @@
-"""``jupyter goals status | recover [--explain] | stop-all | doctor``: works on the stores directly,
+"""``jupyter goals status | recover [--explain] | stop-all | doctor`` (and ``acp``, ``tui``: clients of a running server): works on the stores directly,
 so it also works while the server is down."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import os
 import shutil
@@ -14,9 +15,11 @@ from typing import Any
 
 from jupyter_goals.config import GoalsConfig
 from jupyter_goals.host.wake import ADMISSION, Notifier
+from jupyter_goals.identity import host_name
+from jupyter_goals.recovery import takeover
 from jupyter_goals.store import control as c
 from jupyter_goals.store import known
-from jupyter_goals.store.db import Database, MigrationFailed, StorageUnavailable
+from jupyter_goals.store.db import Database, MigrationFailed, StorageUnavailable, Tx, VersionConflict
 from jupyter_goals.store.schema import current_version, migrate, quick_check
 
 
@@ -35,11 +38,39 @@ def _print(obj: Any) -> None:
 
 
 def cmd_status(db: Database) -> int:
-    rows = db.transact(c.recent_work, write=False)
+    """Recent work; another host's work as views show it (``owner_host_unreachable`` with the host and
+    since when, while that host is unreachable)."""
+    me = host_name()
+
+    def read(tx: Tx) -> list[dict[str, Any]]:
+        return [takeover.owner_view(dict(r), takeover.owner_of(tx, r, me)) for r in c.recent_work(tx)]
+
+    rows = db.transact(read, write=False)
     if not rows:
         print("No work yet.")
     for r in rows:
-        print(f"{r['work_id']}  {r['phase']:<11} {r['desired_state']:<9} {r['title'][:30]:<30} {r['reason']}")
+        where = f"[{r['owner_host']}] " if r.get("owner_host") else ""
+        print(f"{r['work_id']}  {r['phase']:<11} {r['desired_state']:<9} {r['title'][:30]:<30} {where}{r['reason']}")
+    return 0
+
+
+def cmd_takeover(db: Database, from_host: str, session_id: str | None) -> int:
+    """``jupyter goals takeover --from HOST [--session ID]``: this host takes over the lost host's work."""
+    me = host_name()
+    by = f"{getpass.getuser()} on {me} (jupyter goals takeover)"
+    try:
+        moved = db.transact(lambda tx: takeover.take_over(tx, from_host=from_host, to_host=me, by=by,
+                                                          claimant=takeover.claimant(), session_id=session_id))
+    except VersionConflict as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not moved.taken:
+        print(f"Nothing to take over: {from_host} has no unfinished work" + (f" in session {session_id}." if session_id else "."))
+        return 0
+    print(f"Took over {len(moved.taken)} work item(s) from {from_host} on {me}: {', '.join(moved.taken)}")
+    if moved.unknown_calls:
+        print(f"Calls running on {from_host} are unknown outcomes here (never run again without approval):"
+              f" {', '.join(moved.unknown_calls)}")
     return 0
 
 
@@ -52,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     rec = sub.add_parser("recover", help="run the Coordinator's recovery entry point once")
     rec.add_argument("--explain", action="store_true", help="only print what recovery would decide, and why")
     sub.add_parser("stop-all", help="quit and stop all tasks: persist user stop intent for every running item")
+    take = sub.add_parser("takeover", help="take over the work of a lost host (its leases expired) on this host:"
+                                           " its running calls become unknown outcomes, its late writes are fenced")
+    take.add_argument("--from", dest="from_host", required=True, metavar="HOST", help="the lost host's name")
+    take.add_argument("--session", metavar="ID", help="only this session's work (default: all of HOST's work)")
     doc = sub.add_parser("doctor", help="check the stores (schema, integrity, write lock, free space, permissions)"
                                            " and explain what to do")
     doc.add_argument("--repair", action="store_true",
@@ -68,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     from jupyter_goals.clients.acp import add_arguments as acp_arguments
 
     acp_arguments(acp)
+    tui = sub.add_parser("tui", help="the terminal UI (Textual) on a running server's durable sessions; needs the"
+                                     " 'tui' extra")
+    from jupyter_goals.clients.tui import add_arguments as tui_arguments
+
+    tui_arguments(tui)
     args = p.parse_args(argv)
     if args.command == "demo":
         from jupyter_goals.clients.demo import run_demo
@@ -77,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         from jupyter_goals.clients.acp import run as run_acp
 
         return run_acp(args)
+    if args.command == "tui":
+        from jupyter_goals.clients.tui import run as run_tui
+
+        return run_tui(args)
     state, control_url, usage_url = _config(args)
     if args.command == "doctor":
         if args.start_over:
@@ -96,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if args.command == "status":
             return cmd_status(db)
+        if args.command == "takeover":
+            code = cmd_takeover(db, args.from_host, args.session)
+            _wake_server(state, control_url)  # this host's server admits the work now
+            return code
         if args.command == "stop-all":
             stopped = db.transact(c.stop_all)
             _wake_server(state, control_url)

@@ -262,6 +262,16 @@ class GoalsClient:
             body["expected_control_version"] = expected_control_version
         return dict(_check(self.http.patch(f"/sessions/{session_id}", json=body)))
 
+    def update_session(self, session_id: str, *, title: str | None = None, model: str | None = None) -> dict[str, Any]:
+        """Rename the session and/or change its model (a name of ``GET /models`` or ``provider:model``; ``""``:
+        the server's default); ``None`` leaves it as it is. A new model applies from the session's next turn.
+        Writes the event ``session.updated``. → the session ``{session_id, title, cwd, model, permissions,
+        created_at, updated_at}``; an unknown model is a 400 naming it (``GoalsError``)."""
+        body = {k: v for k, v in (("title", title), ("model", model)) if v is not None}
+        if not body:  # nothing to change: the server refuses an empty PATCH, so only read it
+            return dict(self.session(session_id, limit=1)["session"])
+        return dict(_check(self.http.patch(f"/sessions/{session_id}", json=body))["session"])
+
     def approve(self, approval_id: str) -> dict[str, Any]:
         return self.decide(approval_id, "approve")
 
@@ -273,6 +283,11 @@ class GoalsClient:
 
     def approvals(self, state: str | None = "pending") -> list[dict[str, Any]]:
         return list(_check(self.http.get("/approvals", params={"state": state} if state else {}))["approvals"])
+
+    def attention(self) -> dict[str, Any]:
+        """Everything across sessions that waits for a person (``GET /attention``): ``{items, count}``, each
+        item with its ``kind``, ``action``, session, reason and the ids the action needs."""
+        return dict(_check(self.http.get("/attention")))
 
     def decide(self, approval_id: str, decision: str) -> dict[str, Any]:
         return dict(_check(self.http.post(f"/approvals/{approval_id}", json={"decision": decision})))
@@ -287,14 +302,18 @@ class GoalsClient:
 
     # ------------------------------------------------------------------ goals
     def create_goal(self, session_id: str, objective: str, requirements: list[dict[str, Any]] | None = None,
-                    budget: dict[str, Any] | None = None) -> dict[str, Any]:
+                    budget: dict[str, Any] | None = None, client_request_id: str | None = None) -> dict[str, Any]:
         """Start a Goal in a session. Requirements are ``{id?, text, kind: semantic | command | file_exists |
-        file_digest, command?, path?, sha256?}``; without them the server extracts them from the objective."""
+        file_digest, command?, path?, sha256?}``; without them the server extracts them from the objective.
+        A ``client_request_id`` (up to 200 characters) makes it safe to send again: the same id in the same
+        session answers the Goal it created instead of a 409, and creates nothing."""
         body: dict[str, Any] = {"session_id": session_id, "objective": objective}
         if requirements is not None:
             body["requirements"] = requirements
         if budget is not None:
             body["budget"] = budget
+        if client_request_id is not None:
+            body["client_request_id"] = client_request_id
         return dict(_check(self.http.post("/goals", json=body)))
 
     def goal(self, goal_id: str) -> dict[str, Any]:

@@ -74,16 +74,22 @@ def view(tx: Tx, goal: Row) -> dict[str, Any]:
 
 
 def create(tx: Tx, session: Row, objective: str, requirements: list[Requirement] | None, budget: dict[str, Any],
-           *, host: str, auto_recover: bool, actor: str = "user") -> Row:
+           *, host: str, auto_recover: bool, actor: str = "user", client_request_id: str | None = None) -> Row:
     """Save the original objective, its requirements (or mark them for extraction) and the budget,
-    with the work item that drives the Goal, before anything is acknowledged."""
+    with the work item that drives the Goal, before anything is acknowledged. A ``client_request_id``
+    this session already created a Goal with returns that Goal (in whatever state it is now) and
+    creates nothing: a retried request, not a second Goal."""
+    if client_request_id is not None:
+        earlier = g.goal_by_request(tx, session["session_id"], client_request_id)
+        if earlier is not None:
+            return earlier
     reqs = rules.normalize_requirements(requirements) if requirements else []
     if g.current_goal(tx, session["session_id"]) is not None:
         raise VersionConflict(f"session {session['session_id']} already has a Goal that has not ended; end it first")
     work = c.create_work(tx, session, "goal", {"text": objective}, auto_recover=auto_recover, host=host)
     goal = g.insert_goal(tx, session_id=session["session_id"], work_id=work["work_id"], objective=objective,
                          requirements=reqs, requirements_state="given" if reqs else "pending",
-                         budget=budget, created_by=actor)
+                         budget=budget, created_by=actor, client_request_id=client_request_id)
     c.set_objective_revision(tx, work["work_id"], 1)
     return goal
 

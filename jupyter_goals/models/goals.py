@@ -72,10 +72,14 @@ REQUIREMENT_IDS = "each requirement `id` at most once (unnamed ones get r1, r2, 
 
 
 class CreateGoal(Strict):
+    """``POST /goals``. A ``client_request_id`` (as a message's) makes the create safe to retry: the same
+    id in the same session answers the Goal it created, whatever its state now, and creates nothing."""
+
     session_id: str = Field(min_length=1)
     objective: str = Field(min_length=1)
     requirements: list[Requirement] | None = Field(default=None, description=REQUIREMENT_IDS)
     budget: Budget | None = None
+    client_request_id: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class UpdateGoal(Strict):

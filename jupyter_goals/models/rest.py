@@ -56,10 +56,24 @@ class Permissions(Strict):
 
 
 class UpdateSession(Strict):
-    """``PATCH /sessions/{id}``: change the permission scope of the session and its unfinished work."""
+    """``PATCH /sessions/{id}``: rename the session, change its model (from its next turn: a running turn
+    keeps its own), or change the permission scope of the session and its unfinished work
+    (``expected_control_version`` is checked with ``permissions``). A field left out stays as it is."""
 
-    permissions: Permissions
+    # at least one change: the schema says so too, so the OpenAPI document allows only what is accepted
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": [name], "properties": {name: {"not": {"type": "null"}}}} for name in ("title", "model", "permissions")]})
+
+    title: str | None = Field(default=None, min_length=1)
+    model: str | None = None
+    permissions: Permissions | None = None
     expected_control_version: JsonInt | None = None
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> UpdateSession:
+        if self.title is None and self.model is None and self.permissions is None:
+            raise ValueError("give at least one of title, model and permissions")
+        return self
 
 
 class CreateSession(Strict):
@@ -103,16 +117,17 @@ CONTROL_ACTIONS = ("pause", "resume", "stop", "retry")
 
 
 class SessionAction(Strict):
-    """``cancel_tool`` cancels one running call (``effect_id``); the turn goes on with that result. The
-    schema states the coupling too (``oneOf``), so the OpenAPI document allows only what is accepted."""
+    """``cancel_tool`` cancels one running call (``effect_id``); the turn goes on with that result.
+    ``takeover``: this server's host takes over the session's work from its lost host (``can_takeover``).
+    The schema states the coupling too (``oneOf``), so the OpenAPI document allows only what is accepted."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
-        {"properties": {"action": {"enum": list(CONTROL_ACTIONS)}, "effect_id": {"type": "null"}}},
+        {"properties": {"action": {"enum": [*CONTROL_ACTIONS, "takeover"]}, "effect_id": {"type": "null"}}},
         {"properties": {"action": {"const": "cancel_tool"}, "effect_id": {"type": "string", "minLength": 1}},
          "required": ["action", "effect_id"]},
     ]})
 
-    action: Literal["pause", "resume", "stop", "retry", "cancel_tool"]
+    action: Literal["pause", "resume", "stop", "retry", "cancel_tool", "takeover"]
     expected_control_version: JsonInt | None = None
     effect_id: str | None = Field(default=None, min_length=1)
 
@@ -124,7 +139,23 @@ class SessionAction(Strict):
 
 
 class GlobalAction(Strict):
-    action: Literal["stop_all"]
+    """``stop_all``: quit and stop all tasks. ``takeover``: this server's host takes over every unfinished
+    work item of the lost host ``host`` (DESIGN §3). The schema states the coupling (``oneOf``)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
+        {"properties": {"action": {"const": "stop_all"}, "host": {"type": "null"}}},
+        {"properties": {"action": {"const": "takeover"}, "host": {"type": "string", "minLength": 1}},
+         "required": ["action", "host"]},
+    ]})
+
+    action: Literal["stop_all", "takeover"]
+    host: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _host_only_for_takeover(self) -> GlobalAction:
+        if (self.action == "takeover") != (self.host is not None):
+            raise ValueError("host is required by takeover and only by it")
+        return self
 
 
 class ApprovalDecision(Strict):
@@ -152,6 +183,7 @@ class Actions(BaseModel):
     can_end: bool = False
     can_retry: bool = False
     can_verify: bool = False
+    can_takeover: bool = False  # the owner host's leases expired: this server's host may take the work over
     reason_code: str = ""
 
 

@@ -10,6 +10,7 @@ work round-robin across sessions under ``max_concurrent_turns``. Repeating any s
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,15 +35,19 @@ from jupyter_goals.models import (
     RecoveryMode,
     TurnState,
 )
-from jupyter_goals.recovery.decide import Action, RecoveryFacts, decide, repair_mode
+from jupyter_goals.recovery import takeover
+from jupyter_goals.recovery.decide import Action, RecoveryFacts, decide
 from jupyter_goals.recovery.facts import ToolLookup, load_facts
-from jupyter_goals.recovery.repair import late_receipt_text, placeholder_text
+from jupyter_goals.recovery.interrupt import interrupt_turn, record_decision
+from jupyter_goals.recovery.repair import late_receipt_text
 from jupyter_goals.store import control as c
+from jupyter_goals.store import hosts, waits
 from jupyter_goals.store import recovery as rs
-from jupyter_goals.store import waits
 from jupyter_goals.store.db import Database, Row, Tx, VersionConflict
 from jupyter_goals.usage import budget
 from jupyter_goals.usage.prices import PriceTable
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,6 +60,7 @@ class RecoveryReport:
     reconciled: list[str] = field(default_factory=list)  # call ids whose late receipt was appended
     notified: list[dict[str, Any]] = field(default_factory=list)  # missed wait notifications found
     cancelled: list[str] = field(default_factory=list)  # call ids of stopped tools the sweep is killing
+    taken_over: list[str] = field(default_factory=list)  # work ids moved here (allow_cross_host_takeover)
     # the earliest durable retry time (wall clock) of waiting work: the next pass is due then
     next_due: float | None = None
 
@@ -68,6 +74,7 @@ class RecoveryReport:
             "decisions": self.decisions,
             "admitted": self.admitted,
             "charged": self.charged,
+            "taken_over": self.taken_over,
         }
 
 
@@ -94,7 +101,9 @@ class Coordinator:
         self._held: dict[str, budget.Problem] = {}  # this pass's budget problems, by work_id
         self._revoked: dict[str, str] = {}  # this pass's revoked-permission sentences, by work_id
         self.me = ProcessIdentity.current()
-        self.claimant = f"{self.me.host_name}|{self.me.boot_id}|{self.me.pid}|{self.me.start_time}"
+        self.claimant = takeover.claimant()
+        self.host = self.me.host_name
+        self._refused: dict[str, str] = {}  # hosts whose automatic takeover was refused: the reason, logged once
         self.admission_open = True
 
     # ------------------------------------------------------------------ entry point
@@ -103,7 +112,7 @@ class Coordinator:
         # so a pass over idle work commits nothing (Database.run_write_if_needed)
         report = RecoveryReport()
         report.dead_workers = await self.db.run_write_if_needed(lambda tx: self._confirm_ownership(tx, report))
-        for attempt in await self.db.run(rs.unrecovered_attempts, write=False):
+        for attempt in await self.db.run(lambda tx: rs.unrecovered_attempts(tx, self.host), write=False):
             mode = await self._recover_attempt(attempt)
             if mode:
                 report.recovered[attempt["work_id"]] = mode
@@ -122,23 +131,23 @@ class Coordinator:
 
     # ------------------------------------------------------------------ 1. ownership
     def _confirm_ownership(self, tx: Tx, report: RecoveryReport) -> list[str]:
-        """Death is confirmed by identity (same host: pid + start time, or a new boot id), never by a
-        late heartbeat alone. Another host's expired lease is taken over only when configured."""
+        """Death is confirmed by identity (this host's workers: pid + start time, or a new boot id), never
+        by a late heartbeat alone; another host's workers are never judged here. Another host whose
+        leases all expired is taken over only when configured (``allow_cross_host_takeover``)."""
         dead: list[str] = []
         now = time.time()
-        for w in rs.live_workers(tx):
+        for w in rs.live_workers(tx, self.host):
             ident = ProcessIdentity(w["host_name"], w["boot_id"], int(w["pid"]), w["start_time"])
-            alive = ident.is_alive_here()
-            if alive is False:
-                reason = "new boot" if w["boot_id"] != self.me.boot_id else "process gone"
-            elif alive is None and w["lease_expires_at"] < now and self.config.allow_cross_host_takeover:
-                reason = "lease expired on another host (takeover allowed)"
-            else:
+            if ident.is_alive_here() is not False:
                 continue
+            reason = "new boot" if w["boot_id"] != self.me.boot_id else "process gone"
             self._charge_deaths(tx, c.mark_worker_dead(tx, w, reason), now, report)
             dead.append(w["worker_id"])
+        if self.config.allow_cross_host_takeover:
+            for host in hosts.expired_hosts(tx, self.host, now):
+                report.taken_over += self._take_over_expired(tx, host, now)
         # running attempts whose worker ended without releasing them (a crash during graceful stop)
-        orphans = rs.orphaned_attempts(tx)
+        orphans = rs.orphaned_attempts(tx, self.host)
         for a in orphans:
             rs.mark_orphan_dead(tx, a, now)
         self._charge_deaths(tx, orphans, now, report)
@@ -165,6 +174,24 @@ class Coordinator:
                 rs.charge_death(tx, work, a["attempt_id"], worker_id, deaths, delay, now)
                 report.charged[work["work_id"]] = worker_id
 
+    def _take_over_expired(self, tx: Tx, host: str, now: float) -> list[str]:
+        """``allow_cross_host_takeover``: the same takeover a person would run, by itself. A refusal (a
+        session's folder missing here) moves nothing; the work keeps waiting and the reason is logged once."""
+        try:
+            moved = takeover.take_over(tx, from_host=host, to_host=self.host, by="allow_cross_host_takeover",
+                                       claimant=self.claimant, now=now)
+        except VersionConflict as exc:
+            if self._refused.get(host) != str(exc):
+                log.warning("automatic takeover of %s refused: %s", host, exc)
+                self._refused[host] = str(exc)
+            return []
+        return moved.taken
+
+    async def take_over(self, from_host: str, by: str, session_id: str | None = None) -> takeover.Takeover:
+        """A person's takeover of ``from_host``'s work (of one session, when given) by this host."""
+        return await self.db.run(lambda tx: takeover.take_over(
+            tx, from_host=from_host, to_host=self.host, by=by, claimant=self.claimant, session_id=session_id))
+
     # ------------------------------------------------------------------ 2. claim, repair, decide
     async def _recover_attempt(self, attempt: Row) -> RecoveryMode | None:
         key = f"recover:{attempt['attempt_id']}"
@@ -177,7 +204,8 @@ class Coordinator:
         return mode
 
     def _claim(self, tx: Tx, key: str, attempt: Row) -> bool:
-        """One recovery owner per work item; a dead claimant's claim is taken over, a live one's is not."""
+        """One recovery owner per work item; a dead claimant's claim is taken over, a live one's is not
+        (the attempts here are of this host's work only, so another host's claim is one it lost)."""
         now = time.time()
         row = rs.recovery_claim(tx, key)
         if row is None:
@@ -191,21 +219,29 @@ class Coordinator:
         if row["claimed_by"] != self.claimant:
             host, boot, pid, start = row["claimed_by"].split("|")
             other = ProcessIdentity(host, boot, int(pid), None if start == "None" else int(start))
-            if other.is_alive_here() is not False:
+            # a claim of another host on work of this host: that host lost the work (a takeover), so
+            # its claim is stale; a live claimant here keeps its claim
+            if other.is_alive_here() is True:
                 return False
             rs.take_over_claim(tx, key, self.claimant, now)
         return True
 
     def _repair(self, tx: Tx, key: str, attempt: Row) -> RecoveryMode:
         """Merge real results, mark unknown outcomes with stable placeholders, record the interruption,
-        and choose exactly one mode: resume from the safe checkpoint, or end the turn and start anew."""
+        and choose exactly one mode: resume from the safe checkpoint, or end the turn and start anew.
+        A call dispatched on another host (its attempt's worker ran there) is never judged from this
+        host's state dir: its outcome is unknown here."""
         work = c.get_work(tx, attempt["work_id"])
         turn = rs.get_turn(tx, attempt["turn_id"])
         mode = RecoveryMode.NONE
         if turn is not None and turn["state"] == TurnState.RUNNING:
+            here = attempt.get("w_host") in (None, self.me.host_name)
             unknown: list[Row] = []
             for eff in c.open_effects_of_turn(tx, turn["turn_id"]):
                 if eff["state"] != EffectState.DISPATCHED:
+                    continue
+                if not here:
+                    unknown.append(eff)
                     continue
                 effect_dir = self.config.state_dir / "effects" / eff["effect_id"]
                 text = shell_result_text(effect_dir) if eff["tool"] == "shell" else None
@@ -220,29 +256,9 @@ class Coordinator:
                     continue  # a live child process: the next attempt reconnects and waits
                 else:
                     unknown.append(eff)
-            for eff in unknown:
-                c.set_effect_state(tx, eff, EffectState.UNKNOWN)
-                c.append_item(tx, work["session_id"], ItemKind.TOOL_RESULT, "tool",
-                              placeholder_text(eff["call_id"], eff["tool"]), item_id=f"repair:{eff['call_id']}",
-                              work_id=work["work_id"], turn_id=turn["turn_id"], call_id=eff["call_id"], tool=eff["tool"],
-                              state=str(EffectState.UNKNOWN))
-            mode = repair_mode(turn_running=True, unknown_outcomes=bool(unknown))
-            text = (
-                "Interrupted: the executor died. "
-                + ("Outcome unknown for: " + ", ".join(f"{e['tool']} ({e['call_id']})" for e in unknown)
-                   + ". The turn ended; a new turn continues." if unknown else "Resuming from the last safe checkpoint.")
-            )
-            c.append_item(tx, work["session_id"], ItemKind.INTERRUPTION, "system", text,
-                          item_id=f"interrupt:{attempt['attempt_id']}", work_id=work["work_id"], turn_id=turn["turn_id"],
-                          meta={"attempt_id": attempt["attempt_id"], "mode": mode})
-            if unknown:
-                c.end_turn(tx, work, turn["turn_id"], TurnState.INTERRUPTED, "executor died with unknown outcomes")
+            mode = interrupt_turn(tx, work, turn, attempt, unknown)
         # the death was charged (or not) when it was confirmed; the decision records the outcome
-        retry_at = float(work["next_attempt_at"] or 0)
-        rs.record_recovery_decision(tx, key, mode, {"recovery_attempts": int(work["recovery_attempts"]),
-                                                     "retry_at": retry_at, "end_reason": attempt["end_reason"]})
-        c.emit(tx, "recovery.decided", {"attempt_id": attempt["attempt_id"], "mode": mode},
-               session_id=work["session_id"], work_id=work["work_id"])
+        record_decision(tx, key, work, attempt, mode)
         return mode
 
     async def _cancel_condemned_tools(self) -> list[str]:
@@ -251,7 +267,7 @@ class Coordinator:
         kill: find the process by its identity, kill its group (SIGTERM, SIGKILL after the grace), commit
         ``cancelled`` with its real exit status and output. Never re-runs anything; harmless to repeat."""
         started: list[str] = []
-        for eff in await self.db.run(c.tools_to_cancel, write=False):
+        for eff in await self.db.run(lambda tx: c.tools_to_cancel(tx, self.host), write=False):
             if eff["owned"] or eff["effect_id"] in self._cancelling:
                 continue  # a live worker cancels its own calls; a kill of ours is under way
 
@@ -274,7 +290,7 @@ class Coordinator:
         finished): append the real result once as a reconciliation item; later requests use it in
         place of the placeholder, and the unknown-effect restriction no longer counts it."""
         done: list[str] = []
-        for eff in rs.unknown_shell_effects(tx):
+        for eff in rs.unknown_shell_effects(tx, self.host):  # dispatched here: only this host has its files
             text = shell_result_text(self.config.state_dir / "effects" / eff["effect_id"])
             if text is None:
                 continue
@@ -303,7 +319,7 @@ class Coordinator:
         self._held.clear()
         self._revoked.clear()
         report.next_due = None
-        rows = rs.unfinished_work(tx)
+        rows = rs.unfinished_work(tx, self.host)  # each host admits, recovers and reconciles its own work
         sessions: dict[str, Row] = {}
         models: dict[str, ReasonCode | None] = {}
         runnable: dict[str, tuple[Row, RecoveryMode, bool]] = {}  # session_id -> its first runnable work item
@@ -355,7 +371,7 @@ class Coordinator:
                 runnable[sid] = (work, d.mode or RecoveryMode.FRESH, d.restricted)
         if not self.admission_open:
             return
-        free = self.config.max_concurrent_turns - c.live_attempts(tx)
+        free = self.config.max_concurrent_turns - c.live_attempts(tx, self.host)
         # round-robin: the session admitted least recently goes first
         order = sorted(runnable.items(), key=lambda kv: (sessions[kv[0]]["last_admitted_at"], kv[1][0]["created_at"]))
         for _sid, (work, mode, restricted) in order:
@@ -393,10 +409,10 @@ class Coordinator:
             now = time.time()
             models: dict[str, ReasonCode | None] = {}
             # the deaths the next pass would confirm (by process identity), so the answer is that pass's
-            dead = frozenset(w["worker_id"] for w in rs.live_workers(tx)
+            dead = frozenset(w["worker_id"] for w in rs.live_workers(tx, self.host)
                              if ProcessIdentity(w["host_name"], w["boot_id"], int(w["pid"]),
                                                 w["start_time"]).is_alive_here() is False)
-            for work in rs.unfinished_work(tx):
+            for work in rs.unfinished_work(tx, self.host):
                 session = c.get_session(tx, work["session_id"])
                 facts = self._facts(tx, work, session, now, models, dead)
                 d = decide(facts)

@@ -306,11 +306,12 @@ class TurnRunner:
     async def _provider_step(self) -> bool:
         compacts: list[int] = []  # the seq a compaction request covers (empty: a work request)
 
-        def prepare(tx: Tx) -> tuple[ProviderRequest, Row, Row]:
+        def prepare(tx: Tx) -> tuple[ProviderRequest, Row, str]:
             c.fence(tx, self.aid, self.gen)
             work = c.get_work(tx, self.attempt["work_id"])
             session = c.get_session(tx, work["session_id"])
-            model = session["model"] or self.config.default_model
+            # the model the turn began with: a session's model change applies from its next turn
+            model = c.turn_model(tx, self.attempt["turn_id"], session["model"] or self.config.default_model)
             # only the items committed since the last step are read and re-projected (issue 14)
             history = self.histories.get(work["session_id"])
             try:
@@ -341,15 +342,14 @@ class TurnRunner:
                 goal_objective=goal["objective"] if goal else None,
                 max_output_tokens=budget.goal_budget(governing).get("max_output_tokens_per_request") if governing else None,
             )
-            return req, work, session
+            return req, work, model
 
         try:
-            request, work, session = await self.db.run(prepare)
+            request, work, model = await self.db.run(prepare)
         except budget.BudgetHeld as held:
             problem = held.problem
             await self.db.run(lambda tx: self._budget_held(tx, problem))
             return False
-        model = session["model"] or self.config.default_model
         reserved_until = time.time() + budget.RESERVATION_TTL_S
         crash_point("provider.before_request")
         # a work answer streams to open views as drafts (events, not the ledger); a summary does not

@@ -21,7 +21,7 @@ from jupyter_goals import faults
 from jupyter_goals.config import ConfigError, GoalsConfig
 from jupyter_goals.host.secrecy import Redactor
 from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, Listener, Notifier
-from jupyter_goals.identity import ProcessIdentity
+from jupyter_goals.identity import ProcessIdentity, host_name
 from jupyter_goals.providers.base import key_file_secrets
 from jupyter_goals.runtime.tools import ToolRegistry
 from jupyter_goals.runtime.turn import HistoryCache, TurnRunner
@@ -61,6 +61,7 @@ class Worker:
         self.wakeups = Listener(config.state_dir, ATTEMPTS, worker_id, url=config.control_db_url)
         self.notifier = Notifier(config.state_dir, url=config.control_db_url)
         self.generation = 0
+        self.host = host_name()  # the host whose work it runs (DESIGN §3)
         self.tasks: dict[asyncio.Task[None], TurnRunner] = {}
         self.stopping = asyncio.Event()
 
@@ -102,7 +103,7 @@ class Worker:
         self.wakeups.wake()  # a free slot: look for admitted work at once
 
     def _claim(self, tx: Tx) -> Row | None:
-        attempt = c.claim_attempt(tx, self.worker_id, self.generation)
+        attempt = c.claim_attempt(tx, self.worker_id, self.generation, self.host)  # this host's work only
         if attempt is not None:
             attempt["cwd"] = c.get_session(tx, attempt["session_id"])["cwd"]
         return attempt

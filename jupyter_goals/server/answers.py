@@ -100,6 +100,8 @@ class Work(Answer):
     reason: str
     control_version: int
     retry_at: float | None
+    owner_host: str | None = omitted("the host that runs this work, when it is not this server's host")
+    unreachable_since: float | None = omitted("when the owner host was last heard from, while it is unreachable")
 
 
 class KnownTokens(Answer):
@@ -357,13 +359,26 @@ class ToolCancelRequested(Answer):
     cancel_requested: Literal[True]
 
 
-class SessionActionAnswer(RootModel[ControlApplied | ToolCancelRequested]):
+class TakeoverAnswer(Answer):
+    """The work items this server's host took over from a lost host (DESIGN §3)."""
+
+    taken: list[str]
+
+
+class SessionActionAnswer(RootModel[ControlApplied | ToolCancelRequested | TakeoverAnswer]):
     def dump(self) -> dict[str, Any]:
         return self.root.dump()
 
 
 class StopAllAnswer(Answer):
     stopped: list[str]
+
+
+class GlobalActionAnswer(RootModel[StopAllAnswer | TakeoverAnswer]):
+    """``stop_all`` → ``{stopped}``; ``takeover`` → ``{taken}``."""
+
+    def dump(self) -> dict[str, Any]:
+        return self.root.dump()
 
 
 class NotebookBinding(Answer):

@@ -93,7 +93,13 @@ class GoalsHandler(ExtensionHandlerMixin, APIHandler):  # type: ignore[misc]
         """The server's root directory (what the file browser shows): an empty session folder means it."""
         return str(self.settings.get("server_root_dir") or ".")
 
-    def answer(self, answer: a.Answer | a.SessionActionAnswer, status: int = 200) -> None:
+    @property
+    def person(self) -> str:
+        """Who is asking (the Jupyter user's name), for the records that say who did what."""
+        user = self.current_user
+        return str(getattr(user, "username", None) or getattr(user, "name", None) or "a user")
+
+    def answer(self, answer: a.Answer | a.SessionActionAnswer | a.GlobalActionAnswer, status: int = 200) -> None:
         """Finish with ``answer`` serialized by its model (the schema the OpenAPI document states)."""
         self.set_status(status)
         self.finish(answer.dump())

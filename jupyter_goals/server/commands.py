@@ -27,6 +27,7 @@ from jupyter_goals.models import (
     UpdateGoal,
     UpdateSession,
 )
+from jupyter_goals.recovery import takeover
 from jupyter_goals.runtime.tools import ToolRegistry, cancellable
 from jupyter_goals.server import answers as a
 from jupyter_goals.server.catalog import ModelCatalog
@@ -70,11 +71,22 @@ class Commands:
         return a.SessionCreated(session_id=row["session_id"], **dict(snapshot))
 
     async def update_session(self, session_id: str, body: UpdateSession) -> a.Snapshot:
-        """Change the permission scope; unfinished work follows it and pending approvals are voided."""
+        """Rename the session or change its model (a name of ``GET /models`` or ``provider:model``, as
+        ``POST /sessions`` reads it; empty: the server's default), in one transaction with a change of the
+        permission scope (unfinished work follows it, pending approvals are voided). A new model applies
+        from the session's next turn (``store/sessions.turn_model``)."""
         self.stores.check()
-        perms = body.permissions.model_dump()
-        await self.control.run(lambda tx: c.change_permissions(tx, session_id, perms, body.expected_control_version))
-        self.wake()
+        model = None if body.model is None else self.catalog.resolve(body.model) if body.model \
+            else self.catalog.default_model  # UnknownModel → 400, before anything is written
+        perms = body.permissions.model_dump() if body.permissions else None
+
+        def run(tx: Tx) -> None:
+            c.update_session(tx, session_id, title=body.title, model=model)  # 404 for an unknown session
+            if perms is not None:
+                c.change_permissions(tx, session_id, perms, body.expected_control_version)
+
+        await self.control.run(run)
+        self.wake()  # a new model or scope can let waiting work run (resource_missing.model, approvals)
         return await self.queries.snapshot(session_id)
 
     async def post_message(self, session_id: str, body: PostMessage) -> tuple[a.MessageAccepted, bool]:
@@ -92,10 +104,13 @@ class Commands:
         self.wake()
         return a.MessageAccepted(message_id=msg["message_id"], work_id=msg["work_id"], delivery=msg["delivery"]), created
 
-    async def session_action(self, session_id: str, body: SessionAction) -> a.SessionActionAnswer:
+    async def session_action(self, session_id: str, body: SessionAction, by: str = "") -> a.SessionActionAnswer:
+        """``by``: who asked (the Jupyter user), recorded with a takeover."""
         self.stores.check()
         if body.action == "cancel_tool":  # never the control path below: it has no cancel_tool
             return a.SessionActionAnswer(await self._cancel_tool(session_id, body.effect_id or ""))
+        if body.action == "takeover":
+            return a.SessionActionAnswer(await self._take_over_session(session_id, by))
         action = body.action
 
         def run(tx: Tx) -> Row:
@@ -141,6 +156,33 @@ class Commands:
         self.wake()
         return a.StopAllAnswer(stopped=stopped)
 
+    async def take_over(self, from_host: str, by: str) -> a.TakeoverAnswer:
+        """``POST /actions {action: takeover, host}``: every unfinished work item of the lost host
+        ``from_host`` moves to this host (``recovery/takeover.py``; 409 and nothing moved when the host is
+        reachable or a session's folder is missing here)."""
+        self.stores.check()
+        me = host_name()
+        moved = await self.control.run(lambda tx: takeover.take_over(
+            tx, from_host=from_host, to_host=me, by=f"{by or 'a user'} on {me}", claimant=takeover.claimant()))
+        self.wake()
+        return a.TakeoverAnswer(taken=moved.taken)
+
+    async def _take_over_session(self, session_id: str, by: str) -> a.TakeoverAnswer:
+        """A session's ``takeover``: its work (and its subtasks') moves from its lost host to this one."""
+        me = host_name()
+
+        def run(tx: Tx) -> takeover.Takeover:
+            c.get_session(tx, session_id)  # 404 for an unknown session
+            work = c.current_work(tx, session_id)
+            if work is None or work["host_name"] == me:
+                raise c.VersionConflict(f"session {session_id} has no work of another host to take over")
+            return takeover.take_over(tx, from_host=work["host_name"], to_host=me, by=f"{by or 'a user'} on {me}",
+                                      claimant=takeover.claimant(), session_id=session_id)
+
+        moved = await self.control.run(run)
+        self.wake()
+        return a.TakeoverAnswer(taken=moved.taken)
+
     async def decide_approval(self, approval_id: str, decision: str) -> a.ApprovalDecided:
         self.stores.check()
         row = await self.control.run(lambda tx: c.decide_approval(tx, approval_id, decision))
@@ -161,7 +203,8 @@ class Commands:
 
     # ------------------------------------------------------------------ Goals
     async def create_goal(self, body: CreateGoal) -> a.Goal:
-        """Commit the objective, requirements, budget and the Goal's work item before answering 201."""
+        """Commit the objective, requirements, budget and the Goal's work item before answering 201; a
+        repeated ``client_request_id`` of the session answers the Goal it created (201, the same body)."""
         self.stores.check()
         faults.crash_point("input.before_accept")
         budget = body.budget.model_dump(exclude_none=True) if body.budget else {}
@@ -169,9 +212,16 @@ class Commands:
         def run(tx: Tx) -> Row:
             session = c.get_session(tx, body.session_id)
             return goal_lifecycle.create(tx, session, body.objective, body.requirements, budget, host=host_name(),
-                                         auto_recover=self.config.auto_recover)
+                                         auto_recover=self.config.auto_recover,
+                                         client_request_id=body.client_request_id)  # a repeat: the same Goal
 
-        answer = await self.queries.goal_answer(run, write=True)
+        try:
+            answer = await self.queries.goal_answer(run, write=True)
+        except Exception as exc:
+            # another server of a shared store committed the same id first (its unique index): answer that Goal
+            if body.client_request_id is None or not self.control.is_integrity_error(exc):
+                raise
+            answer = await self.queries.goal_answer(run, write=True)
         faults.crash_point("input.after_accept")
         self.wake()
         return answer

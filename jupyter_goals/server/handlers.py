@@ -18,8 +18,8 @@ from tornado.iostream import StreamClosedError
 
 from jupyter_goals.models import ApprovalDecision, GlobalAction
 from jupyter_goals.server import answers as a
+from jupyter_goals.server import attention, openapi
 from jupyter_goals.server import goal_handlers as goals
-from jupyter_goals.server import openapi
 from jupyter_goals.server import session_handlers as sessions
 from jupyter_goals.server.base_handler import INT64, ApiError, GoalsHandler, UnknownRouteHandler, api
 
@@ -62,8 +62,11 @@ class GlobalActionsHandler(GoalsHandler):
     @authorized
     @api
     async def post(self) -> None:
-        self.body(GlobalAction)
-        self.answer(await self.service.commands.stop_all())
+        body = self.body(GlobalAction)
+        if body.action == "takeover":
+            self.answer(a.GlobalActionAnswer(await self.service.commands.take_over(body.host or "", self.person)))
+            return
+        self.answer(a.GlobalActionAnswer(await self.service.commands.stop_all()))
 
 
 class OpenAPIHandler(GoalsHandler):
@@ -192,6 +195,7 @@ def handlers(base: str) -> list[tuple[str, type[GoalsHandler]]]:
         (p + f"/sessions/{sid}/actions", sessions.SessionActionsHandler),
         (p + "/actions", GlobalActionsHandler),
         (p + "/approvals", ApprovalsHandler),
+        (p + "/attention", attention.AttentionHandler),
         (p + r"/approvals/(?P<approval_id>[A-Za-z0-9_\-]+)", ApprovalHandler),
         (p + "/events", EventsHandler),
         (p + "/usage", UsageHandler),

@@ -76,6 +76,7 @@ class LastRecovery(a.Answer):
     decisions: dict[str, str] | None = a.omitted()
     admitted: list[str] | None = a.omitted()
     charged: dict[str, str] | None = a.omitted()
+    taken_over: list[str] | None = a.omitted("work ids taken over from a host whose leases expired (allow_cross_host_takeover)")
 
 
 class Health(a.Answer):

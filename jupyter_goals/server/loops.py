@@ -31,8 +31,11 @@ class Loops:
         self.outbox = outbox
         self.last_recovery: dict[str, Any] = {}  # health shows it (``LastRecovery``)
         # commits here call wake(); workers' and the CLI's arrive on the socket, other hosts' by NOTIFY
-        self._wakeups = Listener(config.state_dir, ADMISSION, f"server-{os.getpid()}", url=config.control_db_url)
+        self._name = f"server-{os.getpid()}"
+        self._wakeups = Listener(config.state_dir, ADMISSION, self._name, url=config.control_db_url)
         self._notifier = Notifier(config.state_dir, url=config.control_db_url)
+        # a shared PostgreSQL store: a control committed here may concern another host's work
+        self._shared = config.control_db_url.startswith("postgresql")
         self._next_due: float | None = None  # wall-clock time of the earliest backoff end seen
         self._ledger_published: str | None = None  # the ledger state last written to control.db
         self._tasks: list[asyncio.Task[None]] = []
@@ -57,8 +60,11 @@ class Loops:
         self._notifier.close()
 
     def wake(self) -> None:
-        """After a commit in this process that may create work: the admission loop runs now."""
+        """After a commit in this process that may create work: the admission loop runs now, and on a
+        shared PostgreSQL store every other host's too (an approval or Resume given here for their work)."""
         self._wakeups.wake()
+        if self._shared:
+            self._notifier.notify(ADMISSION, exclude=self._name)
 
     # ------------------------------------------------------------------ recovery passes
     async def recover(self) -> dict[str, Any]:

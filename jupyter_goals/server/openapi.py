@@ -38,6 +38,7 @@ from jupyter_goals.models import (
     UpdateSession,
 )
 from jupyter_goals.server import answers as a
+from jupyter_goals.server.attention import Attention
 from jupyter_goals.server.health import Health
 from jupyter_goals.server.params import CURSOR_PATTERN
 
@@ -121,14 +122,24 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/sessions", "Create a session", a.SessionCreated, body=CreateSession, ok=(201,)),
     Operation("get", "/sessions/{session_id}", "Session snapshot with a transcript page", a.Snapshot,
               query=(_AFTER, _BEFORE, _LIMIT), errors=(400, 404, 503)),
-    Operation("patch", "/sessions/{session_id}", "Change the session's permission scope", a.Snapshot,
-              body=UpdateSession, errors=(400, 404, 409, 503)),
+    Operation("patch", "/sessions/{session_id}", "Rename a session, change its model or its permission scope",
+              a.Snapshot, body=UpdateSession, errors=(400, 404, 409, 503),
+              description="A field left out stays as it is; the answer is the session's snapshot. A new `model` applies"
+                          " from the session's next turn. Each change writes its event (`session.updated`,"
+                          " `session.permissions`); 409 when `expected_control_version` is stale."),
     Operation("post", "/sessions/{session_id}/messages", "Send a message (202 once committed)", a.MessageAccepted,
               body=PostMessage, ok=(202,), errors=(400, 404, 409, 503)),
-    Operation("post", "/sessions/{session_id}/actions", "Pause, resume, stop, retry, or cancel one running call",
+    Operation("post", "/sessions/{session_id}/actions",
+              "Pause, resume, stop, retry, cancel one running call, or take over from a lost host",
               a.SessionActionAnswer, body=SessionAction, errors=(400, 404, 409, 503),
-              description="409 when the session has no work, its work ended, or `expected_control_version` is stale"),
-    Operation("post", "/actions", "Quit and stop all tasks", a.StopAllAnswer, body=GlobalAction),
+              description="409 when the session has no work, its work ended, or `expected_control_version` is stale;"
+                          " `takeover`: 409 when its host is reachable or its folder does not exist here"),
+    Operation("post", "/actions", "Quit and stop all tasks, or take over a lost host's work", a.GlobalActionAnswer,
+              body=GlobalAction, errors=(400, 409, 503),
+              description="`takeover`: 409 when the host is reachable or a session's folder does not exist here"
+                          " (nothing is moved)"),
+    Operation("get", "/attention", "Everything across sessions that waits for a person, each with its action",
+              Attention),
     Operation("get", "/approvals", "Approvals, optionally by state", a.ApprovalList,
               query=(Query("state", {"enum": list(APPROVAL_STATES)}),)),
     Operation("post", "/approvals/{approval_id}", "Approve or deny a pending call", a.ApprovalDecided,
@@ -244,6 +255,9 @@ def components(model_names: Sequence[str] = ()) -> dict[str, Any]:
     schemas = copy.deepcopy(_model_schemas())
     for body in (CreateSession, NotebookSession):
         schemas[body.__name__]["properties"]["model"] = model_schema(model_names)
+    schemas[UpdateSession.__name__]["properties"]["model"] = {
+        **model_schema(model_names), "description": "a name of GET /models, or provider:model (from the session's"
+        " next turn); empty: the server's default; null or left out: unchanged"}
     return schemas
 
 

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from jupyter_goals.goals import lifecycle as goal_lifecycle
 from jupyter_goals.identity import boot_id, host_name
 from jupyter_goals.models import DesiredState, Phase, ReasonCode, RecoveryOutcome, reason_text
+from jupyter_goals.recovery import takeover
 from jupyter_goals.server import answers as a
 from jupyter_goals.server.catalog import ModelCatalog
 from jupyter_goals.server.params import encode_cursor
@@ -30,10 +31,14 @@ RETRYABLE_WAITS = frozenset({ReasonCode.PROVIDER_RETRYING, ReasonCode.TOOL_CHANG
 SESSION_KEYS = ("session_id", "title", "cwd", "model", "permissions", "created_at", "updated_at")
 
 
-def actions_for(work: Mapping[str, Any] | None) -> a.Actions:
-    """Button permissions come from here; no client infers them from status strings."""
+def actions_for(work: Mapping[str, Any] | None, owner: takeover.ForeignOwner | None = None) -> a.Actions:
+    """Button permissions come from here; no client infers them from status strings. ``owner``: the
+    other host that runs the work (``can_takeover`` while it is unreachable)."""
     if work is None:
         return a.Actions(reason_code="no_work")
+    if takeover.may_take_over(work, owner):
+        return a.Actions(can_pause=work["desired_state"] == DesiredState.RUN, can_stop=True, can_end=True,
+                         can_takeover=True, reason_code=ReasonCode.OWNER_HOST_UNREACHABLE)
     phase, desired = work["phase"], work["desired_state"]
     ended = phase in (Phase.DONE, Phase.CANCELLED)
     return a.Actions(
@@ -86,14 +91,18 @@ class Queries:
                             states: list[str] | None = None, text: str | None = None) -> a.SessionList:
         """One keyset page of session summaries, newest activity first (``next_cursor``: the next page)."""
 
+        me = host_name()
+
         def run(tx: Tx) -> a.SessionList:
             out = []
             rows = c.page_sessions(tx, limit=limit + 1, after=after, states=states, text=text)
             for s in rows[:limit]:
                 work = c.current_work(tx, s["session_id"])
                 goal = goal_store.current_goal(tx, s["session_id"])
+                owner = takeover.owner_of(tx, work, me) if work else None
                 out.append(a.SessionSummary.model_validate({
-                    **session_view(s), "work": c.work_view(work) if work else None, "actions": actions_for(work),
+                    **session_view(s), "work": takeover.owner_view(c.work_view(work), owner) if work else None,
+                    "actions": actions_for(work, owner),
                     "state": s["state"], "activity_at": s["activity"],
                     "goal": {k: goal[k] for k in ("goal_id", "objective", "state", "revision")} if goal else None}))
             last = rows[limit - 1] if len(rows) > limit else None
@@ -110,15 +119,16 @@ class Queries:
         def run(tx: Tx) -> dict[str, Any]:
             s = c.get_session(tx, session_id)
             work = c.current_work(tx, session_id)
+            owner = takeover.owner_of(tx, work, host_name()) if work else None  # another host's work
             goal = goal_store.current_goal(tx, session_id)  # the composer shows the current Goal only
             return {
                 "session": session_view(s),
-                "work": c.work_view(work) if work else None,
+                "work": takeover.owner_view(c.work_view(work), owner) if work else None,
                 "goal": goal_lifecycle.view(tx, goal) if goal else None,
                 "todo": goal_store.get_todo(tx, session_id)[0],
                 "approvals": c.list_approvals(tx, "pending", session_id),
                 "transcript": c.transcript_page(tx, session_id, limit=limit, after=after, before=before),
-                "actions": actions_for(work),
+                "actions": actions_for(work, owner),
                 "event_seq": c.last_event_seq(tx),
             }
 
@@ -210,7 +220,7 @@ class Queries:
     async def recovery_summary(self) -> a.RecoverySummary:
         """``GET /recovery``: what the last recovery pass after a server start did with each unfinished
         work item (continued, waiting, paused, stopped, failed), with the actions allowed now."""
-        header, rows = await self.read(recovery_passes.last_pass)
+        header, rows = await self.read(lambda tx: recovery_passes.last_pass(tx, host_name()))
         items = []
         counts = {o.value: 0 for o in RecoveryOutcome}
         for r in rows:

@@ -139,7 +139,7 @@ class GoalsService:
             self._config_saved = await asyncio.to_thread(self._save_config)
         control = self.stores.control
         self.stores.started = True  # input and controls sent during recovery are accepted and win over old continuations
-        found = await control.run(recovery_passes.unfinished_work, write=False)
+        found = await control.run(lambda tx: recovery_passes.unfinished_work(tx, host_name()), write=False)
         await self.loops.recover()
         if found:  # the recovery summary (GET /recovery) of this start
             pass_id = c.new_id("pass")

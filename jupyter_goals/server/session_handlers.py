@@ -93,7 +93,7 @@ class SessionActionsHandler(GoalsHandler):
     @api
     async def post(self, session_id: str) -> None:
         body = self.body(SessionAction)
-        self.answer(await self.service.commands.session_action(session_id, body))
+        self.answer(await self.service.commands.session_action(session_id, body, by=self.person))
 
 
 class NotebookSessionHandler(GoalsHandler):

@@ -242,15 +242,22 @@ def admit(tx: Tx, work: Row, *, mode: str, turn_id: str | None, restricted: bool
     return row
 
 
-def claim_attempt(tx: Tx, worker_id: str, generation: int) -> Row | None:
-    """A worker takes the oldest admitted attempt; the conditional update makes the claim exclusive."""
-    row = tx.one("SELECT * FROM attempts WHERE state = 'admitted' ORDER BY admitted_at LIMIT 1")
+def claim_attempt(tx: Tx, worker_id: str, generation: int, host: str | None = None) -> Row | None:
+    """A worker takes the oldest admitted attempt (of its ``host``'s work, when given: a host runs only
+    its own work); the conditional update makes the claim exclusive, and checks the host again, so an
+    attempt whose work was taken over meanwhile is not claimed."""
+    if host is None:
+        row = tx.one("SELECT * FROM attempts WHERE state = 'admitted' ORDER BY admitted_at LIMIT 1")
+    else:
+        row = tx.one("SELECT a.* FROM attempts a JOIN work_items w ON w.work_id = a.work_id"
+                     " WHERE a.state = 'admitted' AND w.host_name = ? ORDER BY a.admitted_at LIMIT 1", (host,))
     if row is None:
         return None
+    same_host = "" if host is None else " AND work_id IN (SELECT work_id FROM work_items WHERE host_name = ?)"
     n = tx.execute(
         "UPDATE attempts SET state = 'running', worker_id = ?, generation = ?, started_at = ?, heartbeat_at = ?"
-        " WHERE attempt_id = ? AND state = 'admitted'",
-        (worker_id, generation, time.time(), time.time(), row["attempt_id"]),
+        " WHERE attempt_id = ? AND state = 'admitted'" + same_host,
+        (worker_id, generation, time.time(), time.time(), row["attempt_id"], *(() if host is None else (host,))),
     )
     if n != 1:
         return None
@@ -276,8 +283,12 @@ def end_attempt(tx: Tx, attempt: Row, reason: str) -> None:
                    (attempt["work_id"],))
 
 
-def live_attempts(tx: Tx) -> int:
-    return int(tx.scalar("SELECT COUNT(*) AS n FROM attempts WHERE state IN ('admitted', 'running')") or 0)
+def live_attempts(tx: Tx, host: str | None = None) -> int:
+    """Admitted or running attempts (of ``host``'s work, when given: each host's own quota)."""
+    if host is None:
+        return int(tx.scalar("SELECT COUNT(*) AS n FROM attempts WHERE state IN ('admitted', 'running')") or 0)
+    return int(tx.scalar("SELECT COUNT(*) AS n FROM attempts a JOIN work_items w ON w.work_id = a.work_id"
+                         " WHERE a.state IN ('admitted', 'running') AND w.host_name = ?", (host,)) or 0)
 
 
 def attempt_ended(tx: Tx, attempt_id: str) -> bool:

@@ -199,10 +199,13 @@ def cancel_cause(tx: Tx, effect_id: str) -> str | None:
     return "tool" if row["cancel_requested_at"] is not None else None
 
 
-def tools_to_cancel(tx: Tx) -> list[Row]:
+def tools_to_cancel(tx: Tx, host: str | None = None) -> list[Row]:
     """Running shell calls that a stop or a cancel request has condemned, with whether an attempt of a
-    live worker still owns them (that worker cancels and commits; the Coordinator only makes sure)."""
-    return tx.all(TOOLS_TO_CANCEL_SQL)
+    live worker still owns them (that worker cancels and commits; the Coordinator only makes sure); of
+    ``host``'s work only, when given (a host never signals another host's process)."""
+    if host is None:
+        return tx.all(TOOLS_TO_CANCEL_SQL)
+    return tx.all(TOOLS_TO_CANCEL_SQL.replace(" ORDER BY e.seq", " AND w.host_name = ? ORDER BY e.seq"), (host,))
 
 
 TOOLS_TO_CANCEL_SQL = (

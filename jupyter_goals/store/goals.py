@@ -32,15 +32,16 @@ def _parse(row: Row) -> Row:
 
 
 def insert_goal(tx: Tx, *, session_id: str, work_id: str, objective: str, requirements: list[dict[str, Any]],
-                requirements_state: str, budget: dict[str, Any], created_by: str) -> Row:
+                requirements_state: str, budget: dict[str, Any], created_by: str,
+                client_request_id: str | None = None) -> Row:
     now = time.time()
     gid = new_id("goal")
     tx.execute(
         "INSERT INTO goals (goal_id, session_id, work_id, objective, original_objective, requirements,"
-        " requirements_state, state, phase, reason_code, reason, revision, budget, created_by, created_at, updated_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, 'active', 'working', '', '', 1, ?, ?, ?, ?)",
+        " requirements_state, state, phase, reason_code, reason, revision, budget, created_by, created_at, updated_at,"
+        " client_request_id) VALUES (?, ?, ?, ?, ?, ?, ?, 'active', 'working', '', '', 1, ?, ?, ?, ?, ?)",
         (gid, session_id, work_id, objective, objective, dumps(requirements), requirements_state, dumps(budget),
-         created_by, now, now),
+         created_by, now, now, client_request_id),
     )
     insert_revision(tx, gid, 1, objective, requirements, budget, "", created_by)
     emit(tx, "goal.created", {"goal_id": gid, "objective": objective, "revision": 1}, session_id=session_id,
@@ -69,6 +70,13 @@ def get_goal(tx: Tx, goal_id: str) -> Row:
     if row is None:
         raise NotFound(f"goal {goal_id} not found")
     return _parse(row)
+
+
+def goal_by_request(tx: Tx, session_id: str, client_request_id: str) -> Row | None:
+    """The Goal a ``POST /goals`` with this ``client_request_id`` created in the session (unique index
+    ``goals_client_request``), whatever its state now; None when there is none."""
+    row = tx.one("SELECT * FROM goals WHERE session_id = ? AND client_request_id = ?", (session_id, client_request_id))
+    return None if row is None else _parse(row)
 
 
 def find_goal(tx: Tx, goal_id: str) -> Row | None:

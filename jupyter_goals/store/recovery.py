@@ -17,17 +17,31 @@ from jupyter_goals.store.db import Row, Tx
 # --------------------------------------------------------------------------- executors and deaths
 
 
-def live_workers(tx: Tx) -> list[Row]:
-    """Workers registered as live (their death is confirmed by identity, not by this row)."""
-    return tx.all("SELECT * FROM workers WHERE state = 'live'")
+def live_workers(tx: Tx, host: str | None = None) -> list[Row]:
+    """Workers registered as live (their death is confirmed by identity, not by this row); of ``host``
+    only, when given."""
+    if host is None:
+        return tx.all("SELECT * FROM workers WHERE state = 'live'")
+    return tx.all("SELECT * FROM workers WHERE state = 'live' AND host_name = ?", (host,))
 
 
-def orphaned_attempts(tx: Tx) -> list[Row]:
-    """Running attempts whose worker ended without releasing them (a crash during a graceful stop)."""
+def orphaned_attempts(tx: Tx, host: str | None = None) -> list[Row]:
+    """Running attempts whose worker ended without releasing them (a crash during a graceful stop); of
+    ``host``'s work only, when given."""
     return tx.all(
         "SELECT a.* FROM attempts a JOIN workers w ON a.worker_id = w.worker_id"
-        " WHERE a.state = 'running' AND w.state != 'live'"
+        " JOIN work_items i ON i.work_id = a.work_id"
+        " WHERE a.state = 'running' AND w.state != 'live'" + _of_host("i", host), _host_param(host)
     )
+
+
+def _of_host(alias: str, host: str | None) -> str:
+    """The filter that keeps a host to its own work (DESIGN §3): the work item's ``host_name``."""
+    return "" if host is None else f" AND {alias}.host_name = ?"
+
+
+def _host_param(host: str | None) -> tuple[str, ...]:
+    return () if host is None else (host,)
 
 
 def mark_orphan_dead(tx: Tx, attempt: Row, now: float) -> None:
@@ -75,11 +89,15 @@ def hand_back(tx: Tx, worker_id: str) -> None:
 # --------------------------------------------------------------------------- recovery claims
 
 
-def unrecovered_attempts(tx: Tx) -> list[Row]:
-    """Dead attempts whose recovery is not decided yet (no claim, or a claim not finished)."""
+def unrecovered_attempts(tx: Tx, host: str | None = None) -> list[Row]:
+    """Dead attempts whose recovery is not decided yet (no claim, or a claim not finished); of ``host``'s
+    work only, when given. ``w_host``: the host of the worker that ran it (None: never claimed)."""
     return tx.all(
-        "SELECT a.* FROM attempts a LEFT JOIN recovery_decisions d ON d.decision_key = 'recover:' || a.attempt_id"
-        " WHERE a.state = 'dead' AND (d.state IS NULL OR d.state = 'claimed') ORDER BY a.admitted_at"
+        "SELECT a.*, k.host_name AS w_host FROM attempts a JOIN work_items i ON i.work_id = a.work_id"
+        " LEFT JOIN workers k ON k.worker_id = a.worker_id"
+        " LEFT JOIN recovery_decisions d ON d.decision_key = 'recover:' || a.attempt_id"
+        " WHERE a.state = 'dead' AND (d.state IS NULL OR d.state = 'claimed')" + _of_host("i", host)
+        + " ORDER BY a.admitted_at", _host_param(host)
     )
 
 
@@ -135,14 +153,25 @@ def get_turn(tx: Tx, turn_id: str) -> Row | None:
     return tx.one("SELECT * FROM turns WHERE turn_id = ?", (turn_id,))
 
 
-def unknown_shell_effects(tx: Tx) -> list[Row]:
-    """Shell calls whose outcome is unknown (a late exit file may settle them)."""
-    return tx.all("SELECT * FROM effects WHERE state = 'unknown' AND tool = 'shell' ORDER BY seq")
+def unknown_shell_effects(tx: Tx, host: str | None = None) -> list[Row]:
+    """Shell calls whose outcome is unknown (a late exit file may settle them); with ``host``, those
+    dispatched on that host (by one of its workers), whose exit files only it can read: after a
+    takeover, the old host's late receipts are its own to report."""
+    if host is None:
+        return tx.all("SELECT * FROM effects WHERE state = 'unknown' AND tool = 'shell' ORDER BY seq")
+    return tx.all(
+        "SELECT e.* FROM effects e JOIN work_items i ON i.work_id = e.work_id"
+        " LEFT JOIN attempts a ON a.attempt_id = e.attempt_id LEFT JOIN workers k ON k.worker_id = a.worker_id"
+        " WHERE e.state = 'unknown' AND e.tool = 'shell' AND COALESCE(k.host_name, i.host_name) = ? ORDER BY e.seq",
+        (host,),
+    )
 
 
-def unfinished_work(tx: Tx) -> list[Row]:
-    """Every work item not done or cancelled, oldest first (the admission pass's input)."""
-    return tx.all("SELECT * FROM work_items WHERE phase NOT IN ('done', 'cancelled') ORDER BY created_at")
+def unfinished_work(tx: Tx, host: str | None = None) -> list[Row]:
+    """Every work item not done or cancelled, oldest first (the admission pass's input); of ``host``
+    only, when given (each host admits, recovers and reconciles its own work)."""
+    return tx.all("SELECT * FROM work_items WHERE phase NOT IN ('done', 'cancelled')" + _of_host("work_items", host)
+                  + " ORDER BY created_at", _host_param(host))
 
 
 def live_attempts_of(tx: Tx, work_id: str) -> list[Row]:

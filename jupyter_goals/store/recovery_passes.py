@@ -20,13 +20,15 @@ from jupyter_goals.store.db import Row, Tx
 LAST_PASS = "recovery.last_pass"
 
 
-def unfinished_work(tx: Tx) -> list[str]:
+def unfinished_work(tx: Tx, host: str | None = None) -> list[str]:
     """The work items a recovery pass starting now is about to decide on: the unfinished ones, and
     those with an attempt that was admitted or running when the server stopped (interrupted: a stopped
-    chat whose command still ran, for one), oldest first."""
+    chat whose command still ran, for one), oldest first; of ``host``'s work only, when given."""
+    mine = "" if host is None else "host_name = ? AND "
     return [r["work_id"] for r in tx.all(
-        "SELECT work_id FROM work_items WHERE phase NOT IN ('done', 'cancelled') OR work_id IN"
-        " (SELECT work_id FROM attempts WHERE state IN ('admitted', 'running')) ORDER BY created_at")]
+        f"SELECT work_id FROM work_items WHERE {mine}(phase NOT IN ('done', 'cancelled') OR work_id IN"
+        " (SELECT work_id FROM attempts WHERE state IN ('admitted', 'running'))) ORDER BY created_at",
+        () if host is None else (host,))]
 
 
 def record_pass(tx: Tx, pass_id: str, work_ids: list[str], *, host: str, boot: str) -> dict[str, int]:
@@ -47,18 +49,23 @@ def record_pass(tx: Tx, pass_id: str, work_ids: list[str], *, host: str, boot: s
             (f"pass:{pass_id}:{work_id}", work_id, pass_id, work["phase"], work["reason_code"], c.dumps(detail),
              work["control_version"], now, now),
         )
-    c.set_flag(tx, LAST_PASS, c.dumps({"pass_id": pass_id, "at": now, "host_name": host, "boot_id": boot}))
+    header = c.dumps({"pass_id": pass_id, "at": now, "host_name": host, "boot_id": boot})
+    c.set_flag(tx, LAST_PASS, header)
+    c.set_flag(tx, f"{LAST_PASS}:{host}", header)  # each host of a shared store shows its own last pass
     c.emit(tx, "recovery.summary", {"pass_id": pass_id, "counts": counts})
     return counts
 
 
-def last_pass(tx: Tx) -> tuple[dict[str, Any] | None, list[Row]]:
-    """The newest recorded pass header and its rows (oldest work first), each with its session's
-    title and the work item as it is now (for the actions a person can take from the summary)."""
-    raw = c.get_flag(tx, LAST_PASS)
+def last_pass(tx: Tx, host: str | None = None) -> tuple[dict[str, Any] | None, list[Row]]:
+    """The newest recorded pass header (of ``host``, when given) and its rows (oldest work first), each
+    with its session's title and the work item as it is now (for the actions a person can take from the
+    summary)."""
+    raw = c.get_flag(tx, LAST_PASS if host is None else f"{LAST_PASS}:{host}") or c.get_flag(tx, LAST_PASS)
     if not raw:
         return None, []
     header = json.loads(raw)
+    if host is not None and header.get("host_name") != host:  # another host's pass (a store shared by hosts)
+        return None, []
     rows = tx.all(
         "SELECT d.work_id, d.phase, d.reason_code, d.detail, d.created_at, s.session_id, s.title, w.kind AS w_kind,"
         " w.desired_state AS w_desired, w.phase AS w_phase, w.reason_code AS w_reason_code, w.created_at AS w_created"

@@ -25,6 +25,8 @@ __all__ = [
     "list_sessions",
     "page_sessions",
     "touch_session",
+    "update_session",
+    "turn_model",
     "work_view",
     "get_work",
     "current_work",
@@ -119,6 +121,34 @@ def page_sessions(tx: Tx, *, limit: int, after: tuple[float, str] | None = None,
 def touch_session(tx: Tx, session_id: str) -> None:
     """Record activity on a session (it moves to the top of the session list)."""
     tx.execute("UPDATE sessions SET updated_at = ? WHERE session_id = ?", (time.time(), session_id))
+
+
+def update_session(tx: Tx, session_id: str, *, title: str | None = None, model: str | None = None) -> Row:
+    """Rename the session or change its model (``None``: unchanged). A change moves it up the session
+    list and writes ``session.updated`` with both values as they are now; the same values again change
+    nothing. The new model applies from the next turn (``turn_model``): a running one keeps its own."""
+    session = get_session(tx, session_id)
+    changes = {k: v for k, v in (("title", title), ("model", model)) if v is not None and v != session[k]}
+    if not changes:
+        return session
+    sets = ", ".join(f"{k} = ?" for k in changes)
+    tx.execute(f"UPDATE sessions SET {sets}, updated_at = ? WHERE session_id = ?",
+               (*changes.values(), time.time(), session_id))
+    session = get_session(tx, session_id)
+    shared.emit(tx, "session.updated", {"session_id": session_id, "title": session["title"], "model": session["model"]},
+                session_id=session_id)
+    return session
+
+
+def turn_model(tx: Tx, turn_id: str, session_model: str) -> str:
+    """The model a turn's requests go to: the session's (``session_model``) at the turn's first model
+    request, kept on the turn for its later steps and attempts, so a model change made meanwhile
+    (``update_session``) waits for the next turn."""
+    row = tx.one("SELECT model FROM turns WHERE turn_id = ?", (turn_id,))
+    if row is not None and row["model"]:
+        return str(row["model"])
+    tx.execute("UPDATE turns SET model = ? WHERE turn_id = ? AND model IS NULL", (session_model, turn_id))
+    return session_model
 
 
 # --------------------------------------------------------------------------- work items
@@ -316,7 +346,7 @@ def running_children(tx: Tx, work_id: str) -> list[Row]:
 def recent_work(tx: Tx, limit: int = 50) -> list[Row]:
     """The newest work items with their session's title (``jupyter goals status``)."""
     return tx.all(
-        "SELECT w.work_id, s.title, w.kind, w.desired_state, w.phase, w.reason_code, w.reason, w.control_version"
-        " FROM work_items w JOIN sessions s ON s.session_id = w.session_id ORDER BY w.created_at DESC LIMIT ?",
+        "SELECT w.work_id, s.title, w.kind, w.desired_state, w.phase, w.reason_code, w.reason, w.control_version,"
+        " w.host_name FROM work_items w JOIN sessions s ON s.session_id = w.session_id ORDER BY w.created_at DESC LIMIT ?",
         (limit,),
     )

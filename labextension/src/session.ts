@@ -327,6 +327,20 @@ export class SessionView extends Widget {
           ...(work?.control_version !== undefined ? { expected_control_version: work.control_version } : {})
         })
       ),
+      ...(snapshot.actions.can_takeover
+        ? [
+            button(
+              'Take over',
+              'goals-session-view-takeover',
+              () =>
+                void this._act(`sessions/${encodeURIComponent(this.sessionId)}/actions`, {
+                  action: 'takeover',
+                  ...(work?.control_version !== undefined ? { expected_control_version: work.control_version } : {})
+                }),
+              'Take over: run this work on this server\'s host; its running commands there become unknown outcomes, never run again without approval'
+            )
+          ]
+        : []),
       el('div', 'jp-goals-help', `${PAUSE_WORDS} ${STOP_WORDS}`, 'goals-session-help')
     );
 

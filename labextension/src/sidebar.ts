@@ -13,6 +13,7 @@ import {
 } from './api';
 import { SessionDetail } from './detail';
 import { stopAllWork } from './edit';
+import { AttentionInbox } from './inbox';
 import { debounce, sharedEventFeed } from './events';
 import { modelCatalog } from './models';
 import { RecoverySummary } from './recovery';
@@ -81,6 +82,7 @@ export class GoalsSidebar extends Widget {
     this._stopAllNote.hidden = true;
     header.append(this._stopAllNote);
     this._recovery = new RecoverySummary(sessionId => this._open(sessionId));
+    this._inbox = new AttentionInbox(this.title, sessionId => this._open(sessionId), this._settings);
 
     this._errorNode = el('div', 'jp-goals-error');
     this._errorNode.dataset.testid = 'goals-error';
@@ -110,6 +112,7 @@ export class GoalsSidebar extends Widget {
       header,
       this._errorNode,
       this._recovery.node,
+      this._inbox.node,
       this._healthNode,
       this._filterNode,
       this._sessionsNode,
@@ -161,6 +164,7 @@ export class GoalsSidebar extends Widget {
   dispose(): void {
     this._stopTimer();
     this._detail.dispose();
+    this._inbox.dispose();
     super.dispose();
   }
 
@@ -451,6 +455,7 @@ export class GoalsSidebar extends Widget {
   }
 
   private readonly _stopAllNote: HTMLElement;
+  private readonly _inbox: AttentionInbox;
   private readonly _errorNode: HTMLElement;
   private readonly _healthNode: HTMLElement;
   private readonly _sessionsNode: HTMLElement;

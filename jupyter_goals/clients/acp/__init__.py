@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         try:
-            await run_agent(agent, observers=[agent.observe])
+            # session/resume and session/close are routed by the SDK (0.11, 0.12) only with the unstable flag
+            await run_agent(agent, observers=[agent.observe], use_unstable_protocol=True)
         finally:
             await agent.close()
 

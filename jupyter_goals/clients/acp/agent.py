@@ -23,6 +23,8 @@ from acp.schema import (
     AgentCapabilities,
     AudioContentBlock,
     AuthenticateResponse,
+    CloseSessionResponse,
+    ConfigOptionUpdate,
     CurrentModeUpdate,
     EmbeddedResourceContentBlock,
     ImageContentBlock,
@@ -34,7 +36,9 @@ from acp.schema import (
     PromptCapabilities,
     PromptResponse,
     ResourceContentBlock,
+    ResumeSessionResponse,
     SessionCapabilities,
+    SessionCloseCapabilities,
     SessionConfigOptionBoolean,
     SessionConfigOptionSelect,
     SessionConfigSelectOption,
@@ -42,6 +46,7 @@ from acp.schema import (
     SessionListCapabilities,
     SessionMode,
     SessionModeState,
+    SessionResumeCapabilities,
     SetSessionConfigOptionResponse,
     SetSessionModeResponse,
     TextContentBlock,
@@ -118,21 +123,32 @@ class GoalsAgent(Agent):
         http = (await self.server()).sync.http
         return await asyncio.to_thread(lambda: _check(http.request(method, path, json=body)))
 
-    async def feed(self, session_id: str, *, replay: bool) -> SessionFeed:
+    async def feed(self, session_id: str) -> SessionFeed:
+        """The session's feed; one following from now on when this connection has none (a prompt to a
+        session it neither created nor loaded)."""
         feed = self.feeds.get(session_id)
         if feed is None:
             feed = self.feeds[session_id] = SessionFeed(self, session_id)
             try:
-                if replay:
-                    await feed.replay()
-                    feed.start()
-                else:
-                    await feed.follow(after_latest=True)
+                await feed.follow(after_latest=True)
             except BaseException:
-                self.feeds.pop(session_id, None)
-                await feed.close()
+                await self.drop_feed(feed)
                 raise
         return feed
+
+    async def renew_feed(self, session_id: str) -> SessionFeed:
+        """A fresh feed for a session loaded or resumed again, installed before the old one closes, so a
+        prompt waiting on the old one moves to it (``SessionFeed.wait_ended`` → None)."""
+        old = self.feeds.get(session_id)
+        feed = self.feeds[session_id] = SessionFeed(self, session_id)
+        if old is not None:
+            await old.close()
+        return feed
+
+    async def drop_feed(self, feed: SessionFeed) -> None:
+        if self.feeds.get(feed.session_id) is feed:
+            del self.feeds[feed.session_id]
+        await feed.close()
 
     async def close(self) -> None:
         for task in list(self.later):
@@ -183,7 +199,10 @@ class GoalsAgent(Agent):
             agent_capabilities=AgentCapabilities(
                 load_session=True,
                 prompt_capabilities=PromptCapabilities(image=False, audio=False, embedded_context=True),
-                session_capabilities=SessionCapabilities(list=SessionListCapabilities()),
+                # resume and close are routed by the SDK with use_unstable_protocol (``acp.run``)
+                session_capabilities=SessionCapabilities(list=SessionListCapabilities(),
+                                                         resume=SessionResumeCapabilities(),
+                                                         close=SessionCloseCapabilities()),
             ),
             auth_methods=[],
             agent_info=Implementation(name="jupyter-goals", title="Jupyter Goals", version=_version()),
@@ -198,6 +217,7 @@ class GoalsAgent(Agent):
         session = created["session"]
         feed = self.feeds[session["session_id"]] = SessionFeed(self, session["session_id"])
         feed.event_seq = int(created.get("event_seq") or 0)
+        feed.model = session.get("model")
         feed.ready.set()
         feed.start()
         modes, options = await self._shapes(session)
@@ -207,13 +227,13 @@ class GoalsAgent(Agent):
 
     async def load_session(self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None,
                            additional_directories: list[str] | None = None, **kwargs: Any) -> LoadSessionResponse | None:
-        old = self.feeds.pop(session_id, None)
-        if old is not None:
-            await old.close()
+        feed = await self.renew_feed(session_id)
         try:
-            feed = await self.feed(session_id, replay=True)
-        except GoalsError as exc:
-            if exc.status == 404:
+            await feed.replay()
+            feed.start()
+        except BaseException as exc:
+            await self.drop_feed(feed)
+            if isinstance(exc, GoalsError) and exc.status == 404:
                 raise RequestError.resource_not_found(session_id) from exc
             raise
         snap = await self.get(f"/sessions/{feed.session_id}", {"before": "latest", "limit": 1})
@@ -252,13 +272,32 @@ class GoalsAgent(Agent):
 
     async def set_config_option(self, config_id: str, session_id: str, value: str | bool,
                                 **kwargs: Any) -> SetSessionConfigOptionResponse | None:
-        snap = await self.get(f"/sessions/{session_id}", {"before": "latest", "limit": 1})
-        _, options = await self._shapes(snap["session"])
-        if config_id != "model" or value != options[0].current_value:
-            # the REST API has no route that changes a session's model yet
-            raise RequestError.invalid_params({"configId": config_id, "message": "a session's model is chosen when it is"
-                                               " created; changing it is not supported yet"})
+        """``model``: ``update_session`` (``PATCH /sessions/{id}``); the new model applies from the
+        session's next turn, and every other surface hears of it (``session.updated``)."""
+        if config_id != "model" or not isinstance(value, str):
+            raise RequestError.invalid_params({"configId": config_id, "message": "the only option is model"})
+        try:
+            session = await (await self.server()).update_session(session_id, model=value)
+        except GoalsError as exc:
+            if exc.status == 404:
+                raise RequestError.resource_not_found(session_id) from exc
+            if exc.status == 400:  # an unknown model, named by the server
+                raise RequestError.invalid_params({"configId": config_id, "value": value, "message": exc.message}) from exc
+            raise
+        if session_id in self.feeds:  # this answer tells the client; the event need not tell it again
+            self.feeds[session_id].model = session.get("model")
+        _, options = await self._shapes(session)
         return SetSessionConfigOptionResponse(config_options=list[ConfigOption](options))
+
+    async def model_options(self, session_id: str) -> ConfigOptionUpdate | None:
+        """The model option as it is now (after a change on another surface), for ``config_option_update``."""
+        try:
+            snap = await self.get(f"/sessions/{session_id}", {"before": "latest", "limit": 1})
+            _, options = await self._shapes(snap["session"])
+        except (GoalsError, httpx.HTTPError) as exc:
+            log.info("model of %s not read: %s", session_id, exc)
+            return None
+        return ConfigOptionUpdate(session_update="config_option_update", config_options=list[ConfigOption](options))
 
     async def prompt(self, session_id: str, prompt: list[PromptBlock], **kwargs: Any) -> PromptResponse:
         ids = self.prompt_ids.get(session_id) or []
@@ -266,7 +305,7 @@ class GoalsAgent(Agent):
         meta = kwargs.get("field_meta") or {}
         key = str(meta.get("clientRequestId") or client_request_id(self.connection_id, rpc_id, session_id))
         try:
-            feed = await self.feed(session_id, replay=False)
+            feed = await self.feed(session_id)
         except GoalsError as exc:
             if exc.status == 404:
                 raise RequestError.resource_not_found(session_id) from exc
@@ -274,17 +313,21 @@ class GoalsAgent(Agent):
         text = prompt_text(list(prompt))
         command = commands.parse(text)
         if command is not None:  # /goal, /pause, ...: answered here, the work they start streams as usual
-            reply = await commands.run(self, session_id, *command)
+            reply = await commands.run(self, session_id, *command, request_key=key)
             await feed.send(agent_text(f"command:{key}", reply.text))
             return PromptResponse(stop_reason=reply.stop_reason)
         cancelled = self.cancels[session_id] = asyncio.Event()
         answer = await _retry_lost(lambda: self.post(f"/sessions/{session_id}/messages",
                                                      {"text": text, "client_request_id": key}))
-        waiter = asyncio.create_task(feed.wait_ended(str(answer["work_id"]), cancelled))
-        try:
-            reason = await waiter
-        finally:
-            waiter.cancel()
+        reason = None
+        while reason is None:  # a session/load or resume meanwhile replaces the feed: wait on the new one
+            waiter = asyncio.create_task(feed.wait_ended(str(answer["work_id"]), cancelled))
+            try:
+                reason = await waiter
+            finally:
+                waiter.cancel()
+            if reason is None:
+                feed = self.feeds.get(session_id) or await self.feed(session_id)
         self.in_background(self.tell_usage(feed))
         return PromptResponse(stop_reason=reason)  # type: ignore[arg-type]
 
@@ -340,14 +383,28 @@ class GoalsAgent(Agent):
         raise RequestError.method_not_found("session/fork")
 
     async def resume_session(self, session_id: str, cwd: str, additional_directories: list[str] | None = None,
-                             mcp_servers: list[Any] | None = None, **kwargs: Any) -> Any:
-        raise RequestError.method_not_found("session/resume")  # not built yet: clients use session/load
+                             mcp_servers: list[Any] | None = None, **kwargs: Any) -> ResumeSessionResponse:
+        """``session/load`` without the replay: follow from now on; pending approvals are asked again
+        (same ``toolCallId``) once this answer is on its way."""
+        feed = await self.renew_feed(session_id)
+        try:
+            snap = await feed.follow(after_latest=True, ready=False)
+        except BaseException as exc:
+            await self.drop_feed(feed)
+            if isinstance(exc, GoalsError) and exc.status == 404:
+                raise RequestError.resource_not_found(session_id) from exc
+            raise
+        modes, options = await self._shapes(snap["session"])
+        self.in_background(feed.send(commands.commands_update()))
+        asyncio.get_running_loop().call_soon(feed.ready.set)
+        return ResumeSessionResponse(modes=modes, config_options=list[ConfigOption](options))
 
-    async def close_session(self, session_id: str, **kwargs: Any) -> Any:
+    async def close_session(self, session_id: str, **kwargs: Any) -> CloseSessionResponse:
+        """Stop following the session here (its questions end in this client); the work goes on."""
         feed = self.feeds.pop(session_id, None)
         if feed is not None:
             await feed.close()
-        return None
+        return CloseSessionResponse()
 
     async def ext_method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         raise RequestError.method_not_found(method)

@@ -7,6 +7,7 @@ offered by its ``actions``) answers the prompt with stop reason ``refusal`` and 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -67,12 +68,22 @@ def parse(text: str) -> tuple[str, str, str] | None:
     return name, rest.strip(), body
 
 
-async def run(host: CommandHost, session_id: str, name: str, rest: str, body: str) -> Reply:
+def goal_request_id(request_key: str) -> str:
+    """The ``client_request_id`` of the Goal one ACP prompt request starts (``request_key``: the key the
+    agent derives from that request, as for a message): a retried ``/goal`` prompt answers the same Goal
+    instead of a 409, whatever the key's length."""
+    return "acp-goal-" + hashlib.sha256(request_key.encode()).hexdigest()[:32]
+
+
+async def run(host: CommandHost, session_id: str, name: str, rest: str, body: str, *,
+              request_key: str | None = None) -> Reply:
+    """``request_key``: the prompt request's idempotency key (``feed.client_request_id``); ``/goal`` sends
+    one derived from it, so the same request sent again never starts a second Goal."""
     try:
         if name == "goal":
             if rest == "status" and not body.strip():
                 return await goal_status(host, session_id)
-            return await start_goal(host, session_id, rest, body)
+            return await start_goal(host, session_id, rest, body, request_key=request_key)
         if name in SESSION_ACTIONS:
             return await session_action(host, session_id, name)
         return await verify(host, session_id)
@@ -82,7 +93,8 @@ async def run(host: CommandHost, session_id: str, name: str, rest: str, body: st
         raise
 
 
-async def start_goal(host: CommandHost, session_id: str, objective: str, body: str) -> Reply:
+async def start_goal(host: CommandHost, session_id: str, objective: str, body: str, *,
+                     request_key: str | None = None) -> Reply:
     if not objective:
         return Reply("Usage: /goal <objective>, with requirements on the following lines"
                      " (`command: …`, `file_exists: path`, `file_digest: path sha256`, or plain text); /goal status")
@@ -97,6 +109,8 @@ async def start_goal(host: CommandHost, session_id: str, objective: str, body: s
     create: dict[str, Any] = {"session_id": session_id, "objective": objective}
     if requirements:
         create["requirements"] = requirements
+    if request_key:
+        create["client_request_id"] = goal_request_id(request_key)
     goal = await host.post("/goals", create)
     lines = [f"Goal started: {goal['objective']}"]
     lines += [f"- {r['text']}" for r in goal.get("requirements") or []]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 from typing import Any, Protocol
 
@@ -18,12 +17,13 @@ from acp.schema import (
     AgentPlanUpdate,
     AllowedOutcome,
     AvailableCommandsUpdate,
+    ConfigOptionUpdate,
     CurrentModeUpdate,
     PermissionOption,
+    SessionInfoUpdate,
     ToolCallProgress,
     ToolCallUpdate,
 )
-from httpx_sse import aconnect_sse
 
 from jupyter_goals.clients.acp.updates import (
     TranscriptItem,
@@ -32,11 +32,16 @@ from jupyter_goals.clients.acp.updates import (
     answer_rest,
     draft_delta,
     effect_progress,
+    is_stop_marker,
     item_updates,
     plan_update,
+    session_info,
+    stopped_call,
     tool_kind,
     tool_title,
+    turn_stop_reason,
 )
+from jupyter_goals.clients.events import follow_events
 from jupyter_goals.clients.rest import GoalsError
 
 log = logging.getLogger("jupyter_goals.acp")
@@ -59,6 +64,8 @@ class FeedHost(Protocol):
     async def stream(self) -> httpx.AsyncClient: ...
 
     async def allow_always(self, session_id: str, tool: str) -> None: ...
+
+    async def model_options(self, session_id: str) -> ConfigOptionUpdate | None: ...
 
 
 def withdrawn(call_id: str, kind: str, payload: dict[str, Any]) -> ToolCallProgress:
@@ -92,6 +99,10 @@ class SessionFeed:
         self.answered: set[str] = set()  # assistant item ids sent (drafts for them are late)
         self.streamed: dict[str, str] = {}  # assistant item id → draft text sent so far
         self.phases: dict[str, str] = {}  # work id → last phase seen
+        self.open_calls: dict[str, list[str]] = {}  # work id → its calls sent without a result yet
+        self.answer_stops: dict[str, Any] = {}  # work id → the provider's stop reason of its last answer
+        self.model: str | None = None  # the session's model as last told (a change → config_option_update)
+        self.closed = False  # replaced by a new feed (session/load, resume) or closed: waiters move on
         self.asking: dict[str, asyncio.Task[None]] = {}  # approval id → its permission request
         self.changed = asyncio.Condition()
         self.tail: asyncio.Task[None] | None = None
@@ -99,7 +110,8 @@ class SessionFeed:
         # permission requests wait for it, the replay does not
         self.ready = asyncio.Event()
 
-    async def send(self, update: Update | CurrentModeUpdate | AgentPlanUpdate | AvailableCommandsUpdate) -> None:
+    async def send(self, update: Update | CurrentModeUpdate | AgentPlanUpdate | AvailableCommandsUpdate
+                   | SessionInfoUpdate | ConfigOptionUpdate) -> None:
         await self.agent.conn().session_update(session_id=self.session_id, update=update)
 
     async def apply_item(self, item: TranscriptItem) -> None:
@@ -108,6 +120,8 @@ class SessionFeed:
             return
         self.transcript_seq = item.seq
         if item.kind == "assistant":
+            if item.work_id:
+                self.answer_stops[item.work_id] = (item.meta or {}).get("stop_reason")
             self.answered.add(item.item_id)
             streamed = self.streamed.pop(item.item_id, "")
             rest = answer_rest(streamed, item.content)
@@ -116,10 +130,22 @@ class SessionFeed:
             return
         if item.kind == "tool_call" and item.call_id:
             self.started.add(item.call_id)
+            if item.work_id:
+                self.open_calls.setdefault(item.work_id, []).append(item.call_id)
         if item.kind in ("tool_result", "reconciliation") and item.call_id:
             self.settled.add(item.call_id)
         for update in item_updates(item):
             await self.send(update)
+        if is_stop_marker(item) and item.work_id:
+            await self.settle_stopped(item.work_id)
+
+    async def settle_stopped(self, work_id: str) -> None:
+        """A stopped work item's calls still open (waiting for an approval, or running) end ``failed``:
+        after the Stop marker, or when the work is seen cancelled; the same on replay and live."""
+        for call_id in self.open_calls.pop(work_id, []):
+            if call_id not in self.settled:
+                self.settled.add(call_id)
+                await self.send(stopped_call(call_id))
 
     async def replay(self) -> dict[str, Any]:
         """Every transcript item as updates, in order; returns the last page (its ``event_seq`` is where
@@ -135,19 +161,29 @@ class SessionFeed:
         if page.get("todo"):
             await self.send(plan_update(page["todo"]))
         if page.get("work"):
-            self.phases[page["work"]["work_id"]] = page["work"]["phase"]
+            if page["work"]["phase"] == "cancelled":
+                await self.settle_stopped(page["work"]["work_id"])
+            async with self.changed:  # a prompt moved here from a replaced feed may wait for this phase
+                self.phases[page["work"]["work_id"]] = page["work"]["phase"]
+                self.changed.notify_all()
+        self.model = page["session"].get("model")
         for approval in page.get("approvals") or []:
             if approval.get("state") == "pending":
                 self.ask(approval)
         return page
 
-    async def follow(self, after_latest: bool) -> dict[str, Any]:
-        """Start following without a replay: from the newest item and the current event seq."""
+    async def follow(self, after_latest: bool, ready: bool = True) -> dict[str, Any]:
+        """Start following without a replay: from the newest item and the current event seq (``ready``
+        False: live updates and questions wait until the caller sets ``self.ready``)."""
         page = await self.agent.get(f"/sessions/{self.session_id}", {"before": "latest", "limit": 1})
         items = page["transcript"]["items"]
         self.transcript_seq = items[-1]["seq"] if items and after_latest else 0
         self.event_seq = int(page["event_seq"])
-        self.ready.set()
+        self.model = page["session"].get("model")
+        if page.get("work"):  # a prompt that moves here may wait for a work item that has already ended
+            self.phases[page["work"]["work_id"]] = page["work"]["phase"]
+        if ready:
+            self.ready.set()
         for approval in page.get("approvals") or []:
             if approval.get("state") == "pending":
                 self.ask(approval)
@@ -160,24 +196,7 @@ class SessionFeed:
 
     async def _tail(self) -> None:
         await self.ready.wait()
-        delay = 0.1
-        while True:
-            try:
-                http = await self.agent.stream()
-                async with aconnect_sse(http, "GET", "/events", params={"after": self.event_seq}) as source:
-                    source.response.raise_for_status()
-                    delay = 0.1
-                    async for sse in source.aiter_sse():
-                        if sse.data:
-                            await self.on_event(json.loads(sse.data))
-            except asyncio.CancelledError:
-                raise
-            except (httpx.HTTPError, GoalsError, ValueError) as exc:  # server restarting: resume from event_seq
-                log.info("event stream of %s lost (%s); reconnecting", self.session_id, exc)
-            except Exception:
-                log.exception("event stream of %s failed; reconnecting", self.session_id)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+        await follow_events(self.agent.stream, lambda: self.event_seq, self.on_event, name=self.session_id)
 
     async def on_event(self, event: dict[str, Any]) -> None:
         seq = int(event["seq"])
@@ -219,9 +238,18 @@ class SessionFeed:
         elif kind == "todo.updated":
             await self.send(plan_update(list(payload.get("items") or [])))
         elif kind == "work.phase" and work_id:
+            if payload.get("phase") == "cancelled":
+                await self.settle_stopped(work_id)
             async with self.changed:
                 self.phases[work_id] = str(payload.get("phase"))
                 self.changed.notify_all()
+        elif kind == "session.updated":
+            await self.send(session_info(payload))
+            if payload.get("model") != self.model:
+                self.model = payload.get("model")
+                options = await self.agent.model_options(self.session_id)
+                if options is not None:
+                    await self.send(options)
 
     async def catch_up(self) -> None:
         while True:
@@ -231,17 +259,22 @@ class SessionFeed:
             if not page["transcript"].get("next_cursor"):
                 return
 
-    async def wait_ended(self, work_id: str, cancelled: asyncio.Event) -> str:
-        """The stop reason once the work item ends (or ``cancelled`` soon after a Stop)."""
+    async def wait_ended(self, work_id: str, cancelled: asyncio.Event) -> str | None:
+        """The stop reason once the work item ends (or ``cancelled`` soon after a Stop); None when this
+        feed was closed first (the session loaded again: the caller waits on the new feed)."""
         async with self.changed:
-            while self.phases.get(work_id) not in ENDED and not cancelled.is_set():
+            while self.phases.get(work_id) not in ENDED and not cancelled.is_set() and not self.closed:
                 await self.changed.wait()
+        if self.closed and not cancelled.is_set() and self.phases.get(work_id) not in ENDED:
+            return None
         if cancelled.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CANCEL_WAIT_S), self.changed:
                     while self.phases.get(work_id) not in ENDED:
                         await self.changed.wait()
             return "cancelled"
+        if self.phases[work_id] == "done":  # max_tokens when the last answer hit the model's output limit
+            return turn_stop_reason(self.answer_stops.get(work_id))
         return ENDED[self.phases[work_id]]
 
     def ask(self, approval: dict[str, Any]) -> None:
@@ -278,6 +311,9 @@ class SessionFeed:
             await self.send(withdrawn(call_id, "approval.refused", {"reason": exc.message}))
 
     async def close(self) -> None:
+        async with self.changed:
+            self.closed = True
+            self.changed.notify_all()
         tasks = [t for t in [self.tail, *self.asking.values()] if t is not None]
         for task in tasks:
             task.cancel()

@@ -3,8 +3,8 @@
 The agent turns every transcript item into updates with ``item_updates`` whether it replays a session
 (``session/load``) or follows it live, so a replayed conversation and a live one are built by the same
 code: ids are the durable ones (``toolCallId`` = the call id, ``messageId`` = the item id), and a tool
-call's final status comes from its result item only (live effect-state events move it forward to
-``pending`` / ``in_progress``, never to an end).
+call's final status comes from its result item, or ``failed`` when its work was stopped first (live
+effect-state events move it forward to ``pending`` / ``in_progress``, never to an end).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from acp.schema import (
     AgentPlanUpdate,
     EmbeddedResourceContentBlock,
     ResourceContentBlock,
+    SessionInfoUpdate,
     TextContentBlock,
     TextResourceContents,
     ToolCallProgress,
@@ -69,6 +70,8 @@ class TranscriptItem(BaseModel):
     tool: str | None = None
     arguments: dict[str, Any] | None = None
     state: str | None = None
+    work_id: str | None = None
+    meta: dict[str, Any] | None = None
 
 
 def tool_title(tool: str | None, arguments: dict[str, Any] | None) -> str:
@@ -116,6 +119,36 @@ def item_updates(item: TranscriptItem) -> list[Update]:
     if kind in (ItemKind.INTERRUPTION, ItemKind.NOTICE, ItemKind.SUBTASK_RESULT, ItemKind.RECONCILIATION):
         return [agent_text(item.item_id, f"\n\n_{item.content}_\n\n")] if item.content else []
     return []
+
+
+# what providers say when an answer ended at the output limit (Anthropic, OpenAI chat, OpenAI responses)
+OUTPUT_LIMIT_REASONS = frozenset({"max_tokens", "length", "max_output_tokens"})
+STOPPED_TEXT = "Not finished: the work was stopped (Stop) before this call ended."
+
+
+def turn_stop_reason(provider_stop_reason: Any) -> Literal["end_turn", "max_tokens"]:
+    """A finished turn's ACP stop reason from the provider's own word for its last answer (the assistant
+    item's ``meta.stop_reason``): ``max_tokens`` when the model hit its output limit, else ``end_turn``."""
+    return "max_tokens" if str(provider_stop_reason or "").lower() in OUTPUT_LIMIT_REASONS else "end_turn"
+
+
+def is_stop_marker(item: TranscriptItem) -> bool:
+    """The interruption item a Stop writes (``stopped:<work id>``, reason ``user_stopped``)."""
+    return item.kind == ItemKind.INTERRUPTION and ((item.meta or {}).get("reason_code") == "user_stopped"
+                                                   or item.item_id.startswith("stopped:"))
+
+
+def stopped_call(call_id: str) -> ToolCallProgress:
+    """A call still open when its work was stopped (waiting for approval, or running): it ends ``failed``,
+    never left ``pending``; a result item written after the Stop still updates it."""
+    return update_tool_call(call_id, status="failed", content=[tool_content(text_block(STOPPED_TEXT))],
+                            raw_output={"state": EffectState.CANCELLED, "text": STOPPED_TEXT})
+
+
+def session_info(payload: dict[str, Any]) -> SessionInfoUpdate:
+    """``session.updated`` (a rename or a new model, from any surface) as ``session_info_update``."""
+    return SessionInfoUpdate(session_update="session_info_update", title=payload.get("title") or None,
+                             field_meta={"jupyter_goals": {"model": payload.get("model")}})
 
 
 def plan_update(todo: list[dict[str, Any]]) -> AgentPlanUpdate:

@@ -29,6 +29,8 @@ without the labextension. The default comes from ``JUPYTER_GOALS_DISPLAY``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from collections.abc import Callable
@@ -77,6 +79,18 @@ def parse_requirements(body: str) -> list[dict[str, Any]]:
         else:
             reqs.append({"text": rest, "kind": "semantic"})
     return reqs
+
+
+def goal_request_id(session_id: str, objective: str, requirements: list[dict[str, Any]] | None,
+                    last_ended_goal: str | None) -> str:
+    """The ``client_request_id`` of a ``%goal`` / ``%%goal`` run: the session, the objective and the
+    requirements, and the newest Goal of the session that had ended when the cell ran. Running the cell
+    again after a dropped connection (or a restarted kernel) sends the same id, so the server answers the
+    Goal the first run created instead of a 409 or a second Goal; once that Goal has ended, the same cell
+    starts a new one (the newest ended Goal is then another); a different objective while a Goal runs is
+    the server's 409."""
+    key = json.dumps([session_id, objective, requirements or [], last_ended_goal], sort_keys=True)
+    return "nb-goal-" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def split_options(line: str) -> tuple[dict[str, str], str]:
@@ -207,7 +221,10 @@ class GoalMagics(Magics):
     # ------------------------------------------------------------------ commands
     def _start(self, objective: str, requirements: list[dict[str, Any]] | None, options: dict[str, str]) -> None:
         session_id = self._session(options, f"%goal {objective[:60]}")
-        goal = self.client.create_goal(session_id, objective, requirements)
+        ended = [g for g in self.client.goals(session_id) if g.get("ended_at") is not None]
+        last = max(ended, key=lambda g: (g["ended_at"], g["goal_id"]))["goal_id"] if ended else None
+        key = goal_request_id(session_id, objective, requirements, last)
+        goal = self.client.create_goal(session_id, objective, requirements, client_request_id=key)
         self.goal_id = goal["goal_id"]
         self._show_goal(goal)
 

@@ -251,4 +251,15 @@ DROP INDEX effects_open;
 CREATE INDEX effects_open ON effects (turn_id, seq) WHERE listed = 1
 """,
     ),
+    (
+        11,
+        "a retried POST /goals answers the same Goal (client_request_id per session); a turn keeps the model it began with",
+        # turns.model is set by the turn's first model request (sessions.turn_model): a PATCH of the session's
+        # model applies from its next turn, never in the middle of a running one
+        """
+ALTER TABLE goals ADD COLUMN client_request_id TEXT;
+CREATE UNIQUE INDEX goals_client_request ON goals (session_id, client_request_id) WHERE client_request_id IS NOT NULL;
+ALTER TABLE turns ADD COLUMN model TEXT
+""",
+    ),
 ]

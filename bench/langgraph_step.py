@@ -1,0 +1,121 @@
+"""A LangGraph checkpointed step (``SqliteSaver``), the second anchor of the per-step figure.
+
+The child process (``python bench/langgraph_step.py DIR``) serves rounds over stdin/stdout like the DBOS
+child of ``step_overhead.py``: a line ``steps K`` runs one graph whose single no-op node loops K times
+and answers the per-step seconds. Each step is one LangGraph super-step whose checkpoint is written with
+``durability="sync"`` (persisted before the next step starts: the durable choice) by ``SqliteSaver`` on a
+real file, WAL, ``synchronous=FULL`` (the same settings as the others). A step's time is the time between
+two entries of the node: the node, the checkpoint commit and the graph's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, TypedDict
+
+
+class LoopState(TypedDict):
+    i: int
+    k: int
+
+
+def child(root: Path) -> None:
+    from importlib.metadata import version
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, StateGraph
+
+    conn = sqlite3.connect(str(root / "langgraph.sqlite"), check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    stamps: list[float] = []
+
+    def tick(s: LoopState) -> dict[str, int]:
+        stamps.append(time.perf_counter())
+        return {"i": s["i"] + 1}
+
+    g = StateGraph(LoopState)
+    g.add_node("tick", tick)  # type: ignore[call-overload]
+    g.add_edge(START, "tick")
+    g.add_conditional_edges("tick", lambda s: "tick" if s["i"] < s["k"] else END)
+    app = g.compile(checkpointer=SqliteSaver(conn))
+
+    def send(obj: Any) -> None:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    pragmas = {"journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
+               "synchronous": conn.execute("PRAGMA synchronous").fetchone()[0]}
+    send({"ok": True, "version": version("langgraph"), "saver": version("langgraph-checkpoint-sqlite"),
+          "pragmas": pragmas})
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd or cmd[0] != "steps":
+            break
+        k = int(cmd[1])
+        stamps.clear()
+        app.invoke({"i": 0, "k": k + 1}, {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": k + 10},
+                   durability="sync")
+        send({"steps": [b - a for a, b in zip(stamps, stamps[1:], strict=False)]})
+
+
+class LangGraphRunner:
+    """The parent's handle on the child: ``steps(k)`` keeps that round's per-step seconds."""
+
+    def __init__(self, root: Path) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+        self.rounds: list[list[float]] = []
+        try:
+            import langgraph.checkpoint.sqlite  # noqa: F401
+        except ImportError as exc:
+            self.info: dict[str, Any] = {"ok": False, "reason": f"langgraph-checkpoint-sqlite is not installed ({exc});"
+                                                                 " run: pip install -e '.[bench]'"}
+            return
+        d = root / "langgraph"
+        d.mkdir()
+        self.stderr = open(d / "stderr.txt", "w+")  # noqa: SIM115 - a file, so a chatty child never blocks
+        self.proc = subprocess.Popen([sys.executable, __file__, str(d)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, text=True)
+        self.info = self._recv() or self.info
+
+    def _recv(self) -> dict[str, Any] | None:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        try:
+            return dict(json.loads(line))
+        except ValueError:
+            self.proc.kill()
+            self.proc.wait()
+            self.stderr.seek(0)
+            err = self.stderr.read().strip().splitlines()[-5:]
+            self.info = {"ok": False, "reason": "the LangGraph run failed: " + (" | ".join(err) or "no output")}
+            self.proc = None
+            return None
+
+    def steps(self, k: int, keep: bool = True) -> None:
+        if self.proc is None or not self.info.get("ok"):
+            return
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"steps {k}\n")
+        self.proc.stdin.flush()
+        r = self._recv()
+        if r is not None and keep:
+            self.rounds.append(r["steps"])
+
+    def finish(self) -> dict[str, Any]:
+        if self.proc is not None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+            self.stderr.close()
+        return self.info
+
+
+if __name__ == "__main__":
+    child(Path(sys.argv[1]))

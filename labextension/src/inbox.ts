@@ -1,0 +1,198 @@
+import { ServerConnection } from '@jupyterlab/services';
+import { Title, Widget } from '@lumino/widgets';
+
+import { Answer, postGoalsAPI, requestGoalsAPI } from './api';
+import { editGoal, EditOutcome, editPermissions } from './edit';
+import { debounce, sharedEventFeed } from './events';
+import { actionErrorText, alertNode, badge, button, el, replaceKeepingFocus, showAlert } from './views';
+
+/** `GET /api/goals/attention` */
+export type IAttention = Answer<'/attention', 'get', 200>;
+export type IAttentionItem = IAttention['items'][number];
+
+/** What each kind says in the list (the reason sentence follows it). */
+const KIND_WORDS: Record<IAttentionItem['kind'], string> = {
+  approval: 'Approval',
+  question: 'Question',
+  failed: 'Failed',
+  budget: 'Budget',
+  blocked: 'Blocked',
+  unknown_outcome: 'Outcome unknown',
+  permissions: 'Permissions',
+  host_unreachable: 'Host unreachable',
+  needs_you: 'Needs you'
+};
+
+/** The events after which the inbox reads `GET /attention` again (one read per burst). */
+const RELEVANT = /^(approval\.|work\.(phase|control)|goal\.updated|effect\.state|session\.permissions|recovery\.)/;
+
+/**
+ * One attention inbox: everything across chats that waits for the person (approvals, questions,
+ * failures, budget stops, blocked Goals, unknown outcomes, unreachable hosts), each with its action in
+ * place, from `GET /attention` (rebuilt from the server's records, so the same after any restart). It
+ * follows the event feed from the page's start, hidden or not, and keeps the Goals tab's count badge.
+ */
+export class AttentionInbox {
+  readonly node: HTMLElement;
+
+  constructor(
+    private readonly _title: Title<Widget>,
+    private readonly _open: (sessionId: string) => void,
+    private readonly _settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+  ) {
+    this.node = el('section', 'jp-goals-inbox', undefined, 'goals-inbox');
+    this.node.setAttribute('aria-label', 'Waiting for you');
+    this._heading = el('h3', 'jp-goals-subheading', 'Waiting for you', 'goals-inbox-heading');
+    this._list = el('ul', 'jp-goals-inbox-list', undefined, 'goals-inbox-list');
+    this._alert = alertNode('goals-inbox-alert');
+    this.node.append(this._heading, this._alert, this._list);
+    this.node.hidden = true;
+    const later = debounce(() => void this.refresh(), 150);
+    this._unsubscribe = sharedEventFeed().subscribe(events => {
+      if (events === null || events.some(e => RELEVANT.test(e.kind))) {
+        later();
+      }
+    });
+    void this.refresh();
+  }
+
+  /** How many things wait for the person (the tab's badge). */
+  get count(): number {
+    return this._count;
+  }
+
+  dispose(): void {
+    this._unsubscribe();
+  }
+
+  /** Read `GET /attention` again (concurrent calls share one read). Never rejects. */
+  refresh(): Promise<void> {
+    if (this._pending) {
+      this._again = true;
+      return this._pending;
+    }
+    this._pending = this._read().finally(() => {
+      this._pending = null;
+      if (this._again) {
+        this._again = false;
+        void this.refresh();
+      }
+    });
+    return this._pending;
+  }
+
+  private async _read(): Promise<void> {
+    let answer: IAttention;
+    try {
+      answer = await requestGoalsAPI<IAttention>('attention', this._settings);
+    } catch {
+      return; // the panel shows an unavailable server; the list keeps what it showed, and re-reads on reconnect
+    }
+    this._render(answer);
+  }
+
+  private _render(answer: IAttention): void {
+    this._count = answer.count;
+    // keep the dataset JupyterLab's sidebar set (its data-id names the tab)
+    const { count: _old, ...dataset } = this._title.dataset; // eslint-disable-line @typescript-eslint/no-unused-vars
+    this._title.dataset = answer.count > 0 ? { ...dataset, count: String(answer.count) } : dataset;
+    this._title.className = answer.count > 0 ? 'jp-goals-mod-attention' : '';
+    this._title.caption = answer.count > 0 ? `Goals: ${answer.count} waiting for you` : 'Goals';
+    this._heading.textContent = `Waiting for you (${answer.count})`;
+    this.node.hidden = answer.count === 0;
+    replaceKeepingFocus(this._list, ...answer.items.map(item => this._row(item)));
+  }
+
+  private _row(item: IAttentionItem): HTMLElement {
+    const row = el('li', 'jp-goals-inbox-item', undefined, 'goals-inbox-item');
+    row.dataset.key = item.key;
+    row.dataset.kind = item.kind;
+    row.dataset.sessionId = item.session_id;
+    const top = el('div', 'jp-goals-goal-top');
+    top.append(badge(KIND_WORDS[item.kind], 'goals-inbox-kind'), el('span', 'jp-goals-inbox-title', item.title || 'Untitled chat'));
+    if (item.tool) {
+      top.append(el('code', 'jp-goals-approval-tool', item.tool));
+    }
+    row.append(top, el('div', 'jp-goals-reason', item.reason, 'goals-inbox-reason'));
+    const bar = el('div', 'jp-goals-actions', undefined, 'goals-inbox-actions');
+    const label = item.title || 'this chat';
+    const open = button('Open', 'goals-inbox-open', () => this._open(item.session_id), `Open ${label}`);
+    open.setAttribute('aria-label', `Open ${label}`);
+    switch (item.action) {
+      case 'decide':
+        if (item.approval_id) {
+          const id = item.approval_id;
+          bar.append(
+            button('Approve', 'goals-inbox-approve', () => void this._post(`approvals/${encodeURIComponent(id)}`, { decision: 'approve' })),
+            button('Deny', 'goals-inbox-deny', () => void this._post(`approvals/${encodeURIComponent(id)}`, { decision: 'deny' }))
+          );
+        }
+        break;
+      case 'edit_goal':
+        if (item.goal_id) {
+          const goalId = item.goal_id;
+          bar.append(button('Edit Goal', 'goals-inbox-edit-goal', () => void this._edit(() => editGoal(goalId, this._settings))));
+        }
+        break;
+      case 'permissions':
+        bar.append(
+          button('Permissions', 'goals-inbox-permissions', () =>
+            void this._edit(() => editPermissions(item.session_id, this._settings))
+          )
+        );
+        break;
+      case 'retry':
+        bar.append(
+          button('Retry', 'goals-inbox-retry', () =>
+            void this._post(`sessions/${encodeURIComponent(item.session_id)}/actions`, {
+              action: 'retry',
+              ...(item.control_version !== null ? { expected_control_version: item.control_version } : {})
+            })
+          )
+        );
+        break;
+      case 'takeover':
+        bar.append(
+          button('Take over', 'goals-inbox-takeover', () =>
+            void this._post(`sessions/${encodeURIComponent(item.session_id)}/actions`, {
+              action: 'takeover',
+              ...(item.control_version !== null ? { expected_control_version: item.control_version } : {})
+            }),
+            'Run this work on this server\'s host; its running commands become unknown outcomes, never run again without approval'
+          )
+        );
+        break;
+      default:
+        break; // answer, settle, open: in the chat itself
+    }
+    bar.append(open);
+    row.append(bar);
+    return row;
+  }
+
+  private async _post(path: string, body: Parameters<typeof postGoalsAPI>[1]): Promise<void> {
+    try {
+      await postGoalsAPI(path, body, this._settings);
+      showAlert(this._alert, null);
+    } catch (error) {
+      showAlert(this._alert, actionErrorText(error));
+    }
+    await this.refresh();
+  }
+
+  private async _edit(run: () => Promise<EditOutcome>): Promise<void> {
+    const outcome = await run();
+    if (outcome !== null) {
+      showAlert(this._alert, outcome.ok ? null : outcome.message);
+      await this.refresh();
+    }
+  }
+
+  private readonly _heading: HTMLElement;
+  private readonly _list: HTMLElement;
+  private readonly _alert: HTMLElement;
+  private readonly _unsubscribe: () => void;
+  private _count = 0;
+  private _pending: Promise<void> | null = null;
+  private _again = false;
+}
