@@ -349,10 +349,10 @@ export async function editPermissions(
     }
   }
   const permissions: IPermissions = { ...current, mode: value.mode, allow, folders: value.folders };
-  const body: Schemas['UpdateSession'] = { permissions };
-  if (snapshot.work) {
-    body.expected_control_version = snapshot.work.control_version;
-  }
+  const body: Schemas['UpdateSession'] = {
+    permissions,
+    ...(snapshot.work ? { expected_control_version: snapshot.work.control_version } : {})
+  };
   try {
     await requestGoalsAPI<unknown>(`sessions/${id}`, settings, 'PATCH', body);
     return { ok: true, message: 'Permissions saved.' };
