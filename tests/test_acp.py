@@ -237,7 +237,9 @@ async def test_pending_permission_survives_kill_of_server_and_agent_and_runs_onc
         await asyncio.to_thread(server.client().wait, session_id, ("done",), 30)
         await asyncio.to_thread(wait_for, lambda: loaded.view()["calls"][again.tool_call_id][2] == "completed",
                                 10, "the approved call completed in the client")
-        assert [t for _, t in loaded.view()["agent"]][-1] == "Appended one line."
+        # the answer after the call streams after the call's completion: wait for it, do not race it
+        await asyncio.to_thread(wait_for, lambda: [t for _, t in loaded.view()["agent"]][-1:] == ["Appended one line."],
+                                10, "the answer after the call in the client")
     assert lines(servers.root / "out.txt") == 1
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from jupyter_goals.events import PAYLOADS, Event, EventKind
@@ -89,6 +89,15 @@ class Operation:
     ok: tuple[int, ...] = (200,)
     errors: tuple[int, ...] = field(default=(400, 503))
     description: str = ""
+
+
+def _accepts_empty(body: type[BaseModel]) -> bool:
+    """Whether ``{}`` is a valid body (no required field and no rule such as "at least one change")."""
+    try:
+        body.model_validate({})
+    except ValidationError:
+        return False
+    return True
 
 
 _STR = {"type": "string"}
@@ -301,7 +310,7 @@ def document(base_url: str = "/api/goals", model_names: Sequence[str] = ()) -> d
             entry["responses"][str(status)] = {"description": "Error", "content": {"application/json": {"schema": ERROR}}}
         if op.body is not None:
             # an empty body is read as {} (server/bodies.py): required only when {} is not a valid body
-            entry["requestBody"] = {"required": bool(op.body.model_json_schema().get("required")), "content": {
+            entry["requestBody"] = {"required": not _accepts_empty(op.body), "content": {
                 "application/json": {"schema": {"$ref": REF.format(model=op.body.__name__)}}}}
         paths.setdefault(op.path, {})[op.method] = entry
     return {

@@ -276,16 +276,22 @@ class GoalsAgent(Agent):
         session's next turn, and every other surface hears of it (``session.updated``)."""
         if config_id != "model" or not isinstance(value, str):
             raise RequestError.invalid_params({"configId": config_id, "message": "the only option is model"})
+        feed = self.feeds.get(session_id)
+        told = feed.model if feed is not None else None
+        if feed is not None:  # before the PATCH: its session.updated event may reach the feed before the answer
+            feed.model = value  # does, and this answer tells the client; the event need not tell it again
         try:
             session = await (await self.server()).update_session(session_id, model=value)
         except GoalsError as exc:
+            if feed is not None:
+                feed.model = told
             if exc.status == 404:
                 raise RequestError.resource_not_found(session_id) from exc
             if exc.status == 400:  # an unknown model, named by the server
                 raise RequestError.invalid_params({"configId": config_id, "value": value, "message": exc.message}) from exc
             raise
-        if session_id in self.feeds:  # this answer tells the client; the event need not tell it again
-            self.feeds[session_id].model = session.get("model")
+        if feed is not None:
+            feed.model = session.get("model")
         _, options = await self._shapes(session)
         return SetSessionConfigOptionResponse(config_options=list[ConfigOption](options))
 
