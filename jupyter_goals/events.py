@@ -48,6 +48,7 @@ class EventKind(StrEnum):
     EFFECT_CANCEL_REQUESTED = "effect.cancel_requested"
     EFFECT_REBOUND = "effect.rebound"
     EFFECT_REJECTED = "effect.rejected"
+    EFFECT_SETTLED = "effect.settled"
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_DECIDED = "approval.decided"
     APPROVAL_INVALIDATED = "approval.invalidated"
@@ -180,8 +181,9 @@ class TranscriptItemPayload(BaseModel):
 
 
 class AssistantDraftPayload(BaseModel):
-    """The text a model request streamed so far (the whole text each time; at most one per 100 ms);
-    never the ledger, the answer itself is a transcript item."""
+    """The text a model request streamed so far (the whole text each time; at most one per 100 ms, sooner
+    when 2 KB arrived unwritten); never the ledger, the answer itself is a transcript item. After a kill -9
+    or a Stop the newest one is the partial answer the transcript keeps (``meta.interrupted``)."""
 
     request_id: str
     text: str
@@ -218,6 +220,18 @@ class EffectRejectedPayload(BaseModel):
     tool: str
     reason_code: str
     error: str
+
+
+class EffectSettledPayload(BaseModel):
+    """A person said whether a call whose outcome was unknown ran (``check``: its evidence was read again);
+    ``withdrawn``: the approvals asked only because of unknown outcomes, withdrawn by it."""
+
+    effect_id: str
+    call_id: str
+    tool: str
+    outcome: Literal["ran", "did_not_run", "check"]
+    by: str
+    withdrawn: list[str]
 
 
 class ApprovalRequestedPayload(BaseModel):
@@ -411,6 +425,7 @@ PAYLOADS: dict[EventKind, type[BaseModel]] = {
     EventKind.EFFECT_CANCEL_REQUESTED: EffectCancelRequestedPayload,
     EventKind.EFFECT_REBOUND: EffectReboundPayload,
     EventKind.EFFECT_REJECTED: EffectRejectedPayload,
+    EventKind.EFFECT_SETTLED: EffectSettledPayload,
     EventKind.APPROVAL_REQUESTED: ApprovalRequestedPayload,
     EventKind.APPROVAL_DECIDED: ApprovalDecidedPayload,
     EventKind.APPROVAL_INVALIDATED: ApprovalInvalidatedPayload,

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tests.browser import launch_chromium
-from tests.storekit import Backend, postgres_unreachable
+from tests.storekit import Backend, require, require_postgres
 
 pytest_plugins = ["pytest_jupyter.jupyter_server", "jupyter_goals.testing.plugin", "pytester"]
 
@@ -51,17 +51,46 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 _STATUS_KEY = pytest.StashKey[str | None]()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every PostgreSQL variant carries the ``postgres`` marker, including a ``backend`` parametrized by
+    the test itself (``parametrize("backend", ["postgresql"], indirect=True)`` drops the fixture's marks)."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("backend") == "postgresql":
+            item.add_marker(pytest.mark.postgres)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A ``postgres`` test with PostgreSQL unreachable: fails in CI with the reason (CI starts PostgreSQL,
+    .ci/run), is skipped with the reason elsewhere; never a silent skip, never a connection traceback."""
+    if item.get_closest_marker("postgres") is not None:
+        require_postgres()
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    if request.param == "postgresql" and (reason := postgres_unreachable()):
-        if os.environ.get("CI"):  # CI starts PostgreSQL (.ci/run): its absence there fails, never skips
-            pytest.fail(f"CI is set and {reason}")
-        pytest.skip(reason)
+    if request.param == "postgresql":
+        require_postgres()  # CI starts PostgreSQL (.ci/run): its absence there fails, never skips
     b = Backend(request.param, tmp_path)
     try:
         yield b
     finally:
         b.cleanup()
+
+
+@pytest.fixture
+def pg_cluster() -> Iterator[Any]:
+    """A private PostgreSQL cluster of the test's own (``tests/pgcluster.py``), started; the test may stop
+    and start it. Destroyed at the end. Without PostgreSQL's server binaries: fails in CI, else skips."""
+    from tests import pgcluster
+
+    require(pgcluster.unavailable())
+    cluster = pgcluster.PrivateCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
 
 
 @pytest.fixture(scope="module")

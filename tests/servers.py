@@ -4,9 +4,11 @@ chat of the crash tests."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +29,59 @@ __all__ = ["ServerFactory", "ServerProcess", "free_port", "full_passes", "server
            "write_script"]
 
 
-def db_rows(state: Path, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    """Rows of ``control.db`` in a server's state dir, read the way an operator would."""
-    conn = sqlite3.connect(state / "control.db")
+def store_url(state: Path, which: str = "control") -> str:
+    """The control store (or, ``which="usage"``, the ledger) a server of this state dir last started with,
+    read where an operator finds it: the configuration it saved (``server_config.json``); the SQLite file
+    in the state dir before any start."""
+    try:
+        url = str(json.loads((state / "server_config.json").read_text())[f"{which}_db_url"])
+    except (OSError, ValueError, KeyError):
+        url = ""
+    return url if url.startswith("postgresql") else f"sqlite:///{state / f'{which}.db'}"
+
+
+def store_args(backend: Any) -> list[str]:
+    """A server's options that put its control store and ledger on ``backend`` (``tests/storekit.Backend``):
+    none for SQLite (the files in its state dir), private PostgreSQL schemas otherwise."""
+    if backend.kind == "sqlite":
+        return []
+    return [f"--GoalsApp.control_db_url={backend.url('control')}", f"--GoalsApp.usage_db_url={backend.url('usage')}"]
+
+
+@contextmanager
+def stored_server_env(tmp_path: Path, rules: list[dict[str, Any]], backend: Any) -> Iterator[dict[str, Any]]:
+    """``server_env`` on ``backend``'s store: every server its ``make`` builds keeps its control store and
+    ledger there (SQLite files in the state dir, or the backend's private PostgreSQL schemas)."""
+    with server_env(tmp_path / "servers", rules) as e:
+        make, args = e["make"], store_args(backend)
+
+        def make_on_store(extra: list[str] | None = None, env: dict[str, str] | None = None,
+                          model_: str | None = None) -> ServerProcess:
+            return make([*args, *(extra or [])], env, model_)  # type: ignore[no-any-return]
+
+        e["make"] = make_on_store
+        yield e
+
+
+def _rows(url: str, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+    if url.startswith("postgresql"):
+        import psycopg
+        from psycopg.rows import dict_row
+
+        with psycopg.connect(url, row_factory=dict_row, connect_timeout=10) as pg:
+            return [dict(r) for r in pg.execute(sql.replace("?", "%s"), params or None)]  # type: ignore[arg-type]
+    conn = sqlite3.connect(url.removeprefix("sqlite:///"))
     conn.row_factory = sqlite3.Row
     try:
         return [dict(r) for r in conn.execute(sql, params)]
     finally:
         conn.close()
+
+
+def db_rows(state: Path, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    """Rows of the control store of a server's state dir (``control.db``, or the PostgreSQL store it was
+    started with), read the way an operator would."""
+    return _rows(store_url(state), sql, params)
 
 
 def attempt_count(state: Path) -> int:
@@ -133,9 +180,5 @@ def sample_until(state: Path, quota: int, done: Callable[[], bool], timeout: flo
 
 
 def usage_rows(state: Path, sql: str) -> list[dict[str, Any]]:
-    conn = sqlite3.connect(state / "usage.db")
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql)]
-    finally:
-        conn.close()
+    """Rows of the ledger of a server's state dir (``usage.db``, or its PostgreSQL ledger)."""
+    return _rows(store_url(state, "usage"), sql, ())

@@ -145,3 +145,21 @@ async def test_resume_asks_again_without_a_replay_and_close_leaves_the_work_runn
                                     "the answer in the client still following")
             assert len(resumed.notes) == told  # nothing reached the client that closed the session
     assert lines(servers.root / "out.txt") == 1
+
+
+async def test_a_turn_whose_answer_hit_the_output_limit_answers_max_tokens(servers: ServerFactory) -> None:
+    """The provider's stop reason is kept on the answer (``meta.stop_reason``); a turn that ended on an answer cut
+    at the model's output limit answers the prompt ``max_tokens``, any other ``end_turn``."""
+    cut = write_script(servers.root.parent / "cut.json", [
+        {"when": {"last_user_contains": "long"}, "respond": {"text": "It goes on and on and", "stop_reason": "max_tokens"}},
+        {"when": {"last_user_contains": "short"}, "respond": {"text": "Done.", "stop_reason": "end_turn"}}])
+    server = servers.make(model_=cut).start()
+    async with in_process(server, Recorder()) as conn:
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(servers.root), mcp_servers=[])).session_id
+        answer = await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[text_block("tell a long story")]), 30)
+        assert answer.stop_reason == "max_tokens"
+        answer = await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[text_block("now a short one")]), 30)
+        assert answer.stop_reason == "end_turn"
+    items = server.client().session(sid)["transcript"]["items"]
+    assert [i["meta"].get("stop_reason") for i in items if i["kind"] == "assistant"] == ["max_tokens", "end_turn"]

@@ -1314,18 +1314,24 @@ class CoordinatorModel(RuleBasedStateMachine):
         consumed = [a for a in now.approvals if a["state"] == "consumed"]
         assert len({a["call_id"] for a in consumed}) == len(consumed), f"two approvals used by one call: {consumed}"
         by_call = {a["call_id"]: a for a in consumed}
-        unknown_seqs: dict[str, list[int]] = {}
+        # (seq, until): an earlier outcome of the work item was unknown until then (None: still unknown); a
+        # reconciliation (a late receipt, a person's settle) lifts the restriction for calls dispatched after it
+        unknown_spans: dict[str, list[tuple[int, float | None]]] = {}
         for e in now.effects.values():
             if e["state"] in ("unknown", "reconciled"):
-                unknown_seqs.setdefault(e["work_id"], []).append(int(e["seq"]))
+                until = float(e["ended_at"]) if e["state"] == "reconciled" and e["ended_at"] is not None else None
+                unknown_spans.setdefault(e["work_id"], []).append((int(e["seq"]), until))
         for e in now.effects.values():
             if e["dispatched_at"] is None:
                 continue
-            # ask mode, or any call after an unknown outcome of its work item: one approval, used by this dispatch
+            # ask mode, or any call dispatched while an earlier outcome of its work item was unknown: one
+            # approval, used by this dispatch
             if e["effect_id"] not in self.asked:  # dispatched in this step: under the scope its work has now
                 self.asked[e["effect_id"]] = needs_approval(now.work[e["work_id"]]["permission_scope"], e["tool"])
                 COVERED["dispatched under ask"] += self.asked[e["effect_id"]]
-            if self.asked[e["effect_id"]] or any(s < int(e["seq"]) for s in unknown_seqs.get(e["work_id"], [])):
+            at = float(e["dispatched_at"])
+            if self.asked[e["effect_id"]] or any(s < int(e["seq"]) and (until is None or until > at)
+                                                 for s, until in unknown_spans.get(e["work_id"], [])):
                 a = by_call.get(e["call_id"])
                 assert a is not None, f"call {e['call_id']} dispatched without an approval"
                 assert a["consumed_by_attempt"] == e["attempt_id"], (a, e)

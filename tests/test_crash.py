@@ -1,7 +1,9 @@
 """Process-level crash tests: real ``jupyter server`` processes, kill -9, restart, count side effects.
 
 The chat under test asks the model to run ``shell`` once to append one line to ``out.txt``, then
-answer. "No duplicate" is proven by counting the lines in that file, never by log lines.
+answer. "No duplicate" is proven by counting the lines in that file, never by log lines. The tests of
+every interruption point (whole server), of a crash during recovery and of a worker killed alone run
+on both stores (``stored``: SQLite, and PostgreSQL private schemas through the ``backend`` fixture).
 """
 
 from __future__ import annotations
@@ -29,15 +31,26 @@ from tests.servers import (
     lines,
     new_session,
     server_env,
+    store_url,
+    stored_server_env,
     wait_for,
     wait_spawned,
 )
+from tests.storekit import Backend
 
 pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
     with server_env(tmp_path, APPEND_RULES) as e:
+        yield e
+
+
+@pytest.fixture
+def stored(tmp_path: Path, backend: Backend) -> Iterator[dict[str, Any]]:
+    """``env`` on each store (``backend``: SQLite, and PostgreSQL private schemas)."""
+    with stored_server_env(tmp_path, APPEND_RULES, backend) as e:
         yield e
 
 
@@ -66,8 +79,18 @@ WORKER_POINTS = [
 WHOLE_SERVER = {"JUPYTER_GOALS_CRASH_SCOPE": "group"}
 
 
-@pytest.mark.parametrize("point", WORKER_POINTS)
-def test_chat_survives_crash_at_point_and_appends_at_most_once(env: dict[str, Any], point: str) -> None:
+#: the points also run on PostgreSQL: the commits whose PostgreSQL form differs (a request's answer, the
+#: call's dispatch and its result, under the fence's row lock); the other three cut the store off before
+#: a commit, which the failover tests (tests/test_failover.py) cover on PostgreSQL under load
+POSTGRESQL_POINTS = ("provider.after_response", "provider.after_commit", "tool.after_dispatch",
+                     "tool.after_result_commit")
+STORE_POINTS = [pytest.param("sqlite", p, id=f"sqlite-{p}") for p in WORKER_POINTS] + [
+    pytest.param("postgresql", p, id=f"postgresql-{p}") for p in POSTGRESQL_POINTS]
+
+
+@pytest.mark.parametrize(("backend", "point"), STORE_POINTS, indirect=["backend"])
+def test_chat_survives_crash_at_point_and_appends_at_most_once(stored: dict[str, Any], point: str) -> None:
+    env = stored
     server = env["make"]().start(crash_at=point, env=WHOLE_SERVER)
     sid = new_session(server, env["root"])
     server.client().send(sid, "please append a line", client_request_id="r1")
@@ -132,7 +155,8 @@ def test_request_accepted_before_crash_runs_once_and_retry_gets_same_answer(env:
 
 
 @pytest.mark.parametrize("point", ["recovery.after_claim", "recovery.after_decision"])
-def test_crash_during_recovery_converges(env: dict[str, Any], point: str) -> None:
+def test_crash_during_recovery_converges(stored: dict[str, Any], point: str) -> None:
+    env = stored
     server = env["make"]().start()
     sid = new_session(server, env["root"])
     server.client().send(sid, "slow: please run", client_request_id="r1")
@@ -149,7 +173,8 @@ def test_crash_during_recovery_converges(env: dict[str, Any], point: str) -> Non
     assert [i["kind"] for i in snap["transcript"]["items"]].count("interruption") >= 1
 
 
-def test_worker_kill_is_recovered_by_supervisor_and_old_generation_is_fenced(env: dict[str, Any]) -> None:
+def test_worker_kill_is_recovered_by_supervisor_and_old_generation_is_fenced(stored: dict[str, Any]) -> None:
+    env = stored
     server = env["make"]().start()
     sid = new_session(server, env["root"])
     server.client().send(sid, "slow: please run", client_request_id="r1")
@@ -161,7 +186,7 @@ def test_worker_kill_is_recovered_by_supervisor_and_old_generation_is_fenced(env
     assert snap["work"]["phase"] == "done"
     assert lines(env["out"]) == 1
     assert server.workers() and server.workers()[0]["pid"] != worker["pid"]
-    db = Database(f"sqlite:///{env['state'] / 'control.db'}")
+    db = Database(store_url(env["state"]))
     try:
         with pytest.raises(FencedError):
             db.transact(lambda tx: c.fence(tx, old["attempt_id"], old["generation"]))

@@ -12,7 +12,17 @@ from typing import Any
 
 import pytest
 
-from tests.servers import APPEND_RULES, db_rows, lines, server_env, usage_rows, wait_for, write_script
+from tests.servers import (
+    APPEND_RULES,
+    db_rows,
+    lines,
+    server_env,
+    stored_server_env,
+    usage_rows,
+    wait_for,
+    write_script,
+)
+from tests.storekit import Backend
 
 pytestmark = pytest.mark.slow
 
@@ -25,14 +35,28 @@ def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
         yield e
 
 
+@pytest.fixture
+def stored(tmp_path: Path, backend: Backend) -> Iterator[dict[str, Any]]:
+    """``env`` on each store: the ledger write of the crash points below is a PostgreSQL insert there."""
+    with stored_server_env(tmp_path, APPEND_RULES, backend) as e:
+        yield e
+
+
 def assert_each_answer_counted_once(state: Path) -> None:
     answered = {r["request_id"] for r in db_rows(state, "SELECT request_id FROM requests WHERE state = 'received'")}
     receipts = usage_rows(state, "SELECT request_id FROM receipts")
     assert answered and sorted(r["request_id"] for r in receipts) == sorted(answered)
 
 
-@pytest.mark.parametrize("point", ["usage.before_persist", "usage.after_persist"])
-def test_receipts_are_counted_exactly_once_after_a_crash_around_the_ledger_write(env: dict[str, Any], point: str) -> None:
+@pytest.mark.parametrize(("backend", "point"), [
+    pytest.param("sqlite", "usage.before_persist", id="sqlite-usage.before_persist"),
+    pytest.param("sqlite", "usage.after_persist", id="sqlite-usage.after_persist"),
+    # on PostgreSQL the point where a receipt is in the ledger and its outbox row not yet done: the
+    # ledger's insert-if-absent (ON CONFLICT) keeps the second application out
+    pytest.param("postgresql", "usage.after_persist", id="postgresql-usage.after_persist"),
+], indirect=["backend"])
+def test_receipts_are_counted_exactly_once_after_a_crash_around_the_ledger_write(stored: dict[str, Any], point: str) -> None:
+    env = stored
     server = env["make"]().start(crash_at=point)
     cl = server.client()
     sid = str(cl.create_session(title="usage", cwd=str(env["root"]), permissions={"mode": "bypass"})["session"]["session_id"])
@@ -90,6 +114,7 @@ def test_a_worker_killed_right_after_committing_its_final_answer_does_not_ask_th
     assert lines(env["out"]) == 1
 
 
+@pytest.mark.postgres
 def test_an_offline_ledger_never_blocks_chat_and_every_receipt_lands_once_it_is_back(env: dict[str, Any]) -> None:
     import psycopg
 
@@ -170,6 +195,7 @@ BUDGET_RULES: list[dict[str, Any]] = [
 ]
 
 
+@pytest.mark.postgres
 def test_a_hard_budget_pauses_paid_admission_while_the_ledger_is_offline_and_resumes_when_it_is_back(
     env: dict[str, Any], tmp_path: Path
 ) -> None:

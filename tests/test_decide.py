@@ -126,6 +126,18 @@ def test_pending_approval_waits_for_the_user() -> None:
     expect(d, Action.WAIT, Phase.WAITING, ReasonCode.AWAITING_APPROVAL)
 
 
+def test_a_steered_message_admits_work_waiting_on_a_subtask_and_nothing_else_does() -> None:
+    """Input first (issue 32 item 6): the person's message is read while the subtask runs."""
+    waiting = RecoveryFacts(desired_state=DesiredState.RUN, dependency_wait=ReasonCode.AWAITING_SUBTASK, has_open_turn=True)
+    expect(decide(waiting), Action.WAIT, Phase.WAITING, ReasonCode.AWAITING_SUBTASK)
+    steered = dataclasses.replace(waiting, steer_pending=True)
+    assert decide(steered).action == Action.ADMIT
+    # a stop, a pause, an approval and a Goal's own wait still come first
+    for held in (dict(desired_state=DesiredState.PAUSED, reason_code="user_paused"), dict(pending_approval=True),
+                 dict(goal_wait=ReasonCode.AWAITING_CLARIFICATION)):
+        assert decide(dataclasses.replace(steered, **held)).action in (Action.PAUSE, Action.WAIT)
+
+
 def test_revoked_permission_waits_as_permission_revoked() -> None:
     d = decide(from_rule("permission_revoked"))
     expect(d, Action.WAIT, Phase.WAITING, ReasonCode.PERMISSION_REVOKED)

@@ -43,11 +43,14 @@ def test_the_rules_hold_for_every_combination_of_facts(f: StepFacts) -> None:
         assert (d.kind, d.effect, d.check_permission) == (StepKind.DISPATCH, OTHER, not f.planned_runs_freely)
         return
     assert d.kind != StepKind.REATTACH and d.effect is None
-    if f.open_waits:  # a durable wait: no idle model turns, steer waits for the wake-up
+    if f.open_waits and not f.steer:  # a durable wait: no idle model turns
         assert (d.kind, d.wait_for_subtasks, d.consume_steer) == (StepKind.STOP, True, False)
         return
     if f.ready_waits:
         assert d.kind == StepKind.DELIVER and not d.consume_steer
+        return
+    if f.open_waits:  # input first: a steered message is read at once, the wait stays open
+        assert (d.kind, d.consume_steer, d.wait_for_subtasks) == (StepKind.PROVIDER, True, False)
         return
     assert d.consume_steer == bool(f.steer)  # from here on, a steer message always joins the turn first
     if f.goal_step is not None:
@@ -67,3 +70,13 @@ def test_a_steer_message_after_the_final_answer_asks_the_model_again() -> None:
 
 def test_an_answer_that_asked_for_tools_does_not_finish_the_turn() -> None:
     assert next_step(StepFacts(runnable=True, last_kind=ItemKind.ASSISTANT, last_has_calls=True)).kind == StepKind.PROVIDER
+
+
+def test_a_message_steered_while_a_subtask_runs_is_read_at_once_and_the_wait_goes_on() -> None:
+    steer = ({"message_id": "m", "text": "also this"},)
+    waiting = StepFacts(runnable=True, open_waits=True, last_kind=ItemKind.TOOL_RESULT)
+    assert (next_step(waiting).kind, next_step(waiting).wait_for_subtasks) == (StepKind.STOP, True)
+    steered = StepFacts(runnable=True, open_waits=True, steer=steer, last_kind=ItemKind.TOOL_RESULT)
+    assert (next_step(steered).kind, next_step(steered).consume_steer) == (StepKind.PROVIDER, True)
+    answered = StepFacts(runnable=True, open_waits=True, last_kind=ItemKind.ASSISTANT)  # the model answered it
+    assert (next_step(answered).kind, next_step(answered).wait_for_subtasks) == (StepKind.STOP, True)

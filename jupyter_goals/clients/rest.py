@@ -253,6 +253,16 @@ class GoalsClient:
             body["expected_control_version"] = expected_control_version
         return dict(_check(self.http.post(f"/sessions/{session_id}/actions", json=body)))
 
+    def settle(self, session_id: str, effect_id: str, outcome: str) -> dict[str, Any]:
+        """Say whether a call whose outcome is unknown ran: ``outcome`` ``ran`` / ``did_not_run``, or ``check``
+        (read its evidence again: a shell command's exit file on the server's host; 409 ``GoalsError`` when
+        there is none). ``effect_id``: its effect id or call id. A durable reconciliation (who, when); the
+        approvals asked only because of it are withdrawn (``withdrawn``), so once no unknown outcome is left
+        open the work's later writes follow the chat's permissions again. → ``{effect_id, call_id, tool,
+        state: reconciled, outcome, settled_by, settled_at, withdrawn}``."""
+        body = {"action": "settle", "effect_id": effect_id, "outcome": outcome}
+        return dict(_check(self.http.post(f"/sessions/{session_id}/actions", json=body)))
+
     def set_permissions(self, session_id: str, permissions: dict[str, Any],
                         expected_control_version: int | None = None) -> dict[str, Any]:
         """Change a session's permissions (``{mode: ask|bypass, allow: [tool | {tool, path}]}``).

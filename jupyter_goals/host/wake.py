@@ -1,8 +1,9 @@
 """Wake-ups after commits that give someone work, so nobody polls the database while idle.
 
-Two channels: ``admission`` (the server's admission loop: a message accepted, a control, an approval
+Three channels: ``admission`` (the server's admission loop: a message accepted, a control, an approval
 decided, a Goal created or changed, an attempt ended, which also covers a child delivering to its
-parent) and ``attempts`` (workers: an attempt admitted). The committer calls ``notify(channel)``
+parent), ``attempts`` (workers: an attempt admitted) and ``events`` (the server's event streams,
+``GET /events``: any committed write of a worker, through :class:`WakingDatabase`). The committer calls ``notify(channel)``
 after its commit; a listener waits on its channel with a timeout. A wake-up is a hint and the
 database the truth: the listener then reads what is due, so a lost or repeated wake-up costs at
 most one safety tick or one read, never correctness.
@@ -30,16 +31,20 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from jupyter_goals.store import channels as channels_pg
-from jupyter_goals.store.db import dialect_of, pg_connect, pg_connect_async
+from jupyter_goals.store.db import Database, Tx, dialect_of, pg_connect, pg_connect_async
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
 ADMISSION = "admission"
 ATTEMPTS = "attempts"
+EVENTS = "events"
 
 _MAX_PATH = 100  # sun_path holds 108 bytes; a longer state dir is reached through /proc/self/fd
 
@@ -291,3 +296,21 @@ class Listener:
             with contextlib.suppress(OSError):
                 os.unlink(self._dir.path / self.name)
         self._dir.close()
+
+
+class WakingDatabase(Database):
+    """A database that calls ``after_commit()`` after each write transaction it commits, on the thread
+    that committed (so it must not block): a worker's wakes its server's event streams (``EVENTS``), the
+    server's its own event hub. After the commit, so whoever is woken reads the change; a transaction
+    that rolled back wakes nobody."""
+
+    def __init__(self, url: str, *, after_commit: Callable[[], object] | None = None, inline: bool = False) -> None:
+        super().__init__(url, inline=inline)
+        self.after_commit = after_commit
+
+    def transact(self, fn: Callable[[Tx], T], *, write: bool = True, probe: bool = False,
+                 lock_wait_ms: int | None = None) -> T:
+        result = super().transact(fn, write=write, probe=probe, lock_wait_ms=lock_wait_ms)
+        if write and not probe and self.after_commit is not None:
+            self.after_commit()
+        return result

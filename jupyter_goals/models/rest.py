@@ -116,26 +116,60 @@ class CreateJob(Strict):
 CONTROL_ACTIONS = ("pause", "resume", "stop", "retry")
 
 
+#: what a person may say of a call whose outcome is unknown (``settle``); ``check`` reads the evidence again
+SETTLE_OUTCOMES = ("ran", "did_not_run", "check")
+SettleOutcome = Literal["ran", "did_not_run", "check"]
+
+
 class SessionAction(Strict):
     """``cancel_tool`` cancels one running call (``effect_id``); the turn goes on with that result.
     ``takeover``: this server's host takes over the session's work from its lost host (``can_takeover``).
-    The schema states the coupling too (``oneOf``), so the OpenAPI document allows only what is accepted."""
+    ``settle``: a person says whether a call whose outcome is unknown (``effect_id``: its effect or call id)
+    ran (``outcome``: ``ran``, ``did_not_run``, or ``check``: read its evidence again, a shell command's exit
+    file on this host). The schema states the coupling too (``oneOf``), so the OpenAPI document allows only
+    what is accepted."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
-        {"properties": {"action": {"enum": [*CONTROL_ACTIONS, "takeover"]}, "effect_id": {"type": "null"}}},
-        {"properties": {"action": {"const": "cancel_tool"}, "effect_id": {"type": "string", "minLength": 1}},
+        {"properties": {"action": {"enum": [*CONTROL_ACTIONS, "takeover"]}, "effect_id": {"type": "null"},
+                        "outcome": {"type": "null"}}},
+        {"properties": {"action": {"const": "cancel_tool"}, "effect_id": {"type": "string", "minLength": 1},
+                        "outcome": {"type": "null"}},
          "required": ["action", "effect_id"]},
+        {"properties": {"action": {"const": "settle"}, "effect_id": {"type": "string", "minLength": 1},
+                        "outcome": {"enum": list(SETTLE_OUTCOMES)}},
+         "required": ["action", "effect_id", "outcome"]},
     ]})
 
-    action: Literal["pause", "resume", "stop", "retry", "cancel_tool", "takeover"]
+    action: Literal["pause", "resume", "stop", "retry", "cancel_tool", "takeover", "settle"]
     expected_control_version: JsonInt | None = None
     effect_id: str | None = Field(default=None, min_length=1)
+    outcome: SettleOutcome | None = None
 
     @model_validator(mode="after")
-    def _effect_only_for_cancel_tool(self) -> SessionAction:
-        if (self.action == "cancel_tool") != (self.effect_id is not None):
-            raise ValueError("effect_id is required by cancel_tool and only by it")
+    def _effect_only_for_cancel_tool_and_settle(self) -> SessionAction:
+        if (self.action in ("cancel_tool", "settle")) != (self.effect_id is not None):
+            raise ValueError("effect_id is required by cancel_tool and settle, and only by them")
+        if (self.action == "settle") != (self.outcome is not None):
+            raise ValueError("outcome is required by settle and only by it")
         return self
+
+
+class EffectSettled(BaseModel):
+    """``settle``: the call's effect is ``reconciled`` with the person's answer (``outcome``; ``check``: the
+    evidence found), who gave it and when; ``withdrawn``: the pending approvals that were asked only because
+    of unknown outcomes, withdrawn so that their calls are checked again under the chat's permissions (a
+    call that still needs an approval then asks a fresh one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    effect_id: str
+    call_id: str
+    tool: str
+    state: Literal["reconciled"]
+    outcome: SettleOutcome
+    settled_by: str
+    settled_at: float
+    withdrawn: list[str]
 
 
 class GlobalAction(Strict):

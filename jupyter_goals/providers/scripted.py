@@ -48,6 +48,7 @@ class Respond(BaseModel):
     chunk_delay_s: float = 0.0  # a pause before each streamed chunk after the first (shows streaming live)
     error: dict[str, Any] | None = None
     verdicts: list[dict[str, Any]] = Field(default_factory=list)
+    stop_reason: str | None = None  # as a provider says it (end_turn, max_tokens, length, ...)
 
 
 class Rule(BaseModel):
@@ -161,4 +162,5 @@ class ScriptedProvider:
             usage=respond.usage,
             verdicts=respond.verdicts,
             provider_response_id=f"scripted-{request.request_id}",
+            stop_reason=respond.stop_reason,
         )

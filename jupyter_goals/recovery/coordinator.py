@@ -2,7 +2,8 @@
 
 ``recover()`` is called at server start, when the supervisor sees a worker exit, on every reconcile
 tick and by ``jupyter goals recover``. It (1) confirms executor ownership and fences the dead,
-(2) claims each interrupted work item, repairs its context and records exactly one recovery mode,
+(2) claims each interrupted work item, repairs its context and records exactly one recovery mode
+(in chunks of ``RECOVERY_CHUNK`` attempts: one transaction claims a chunk, a second repairs it),
 (3) runs ``decide()`` for every unfinished work item without a live attempt and (4) admits runnable
 work round-robin across sessions under ``max_concurrent_turns``. Repeating any step is harmless.
 """
@@ -78,6 +79,13 @@ class RecoveryReport:
         }
 
 
+RECOVERY_CHUNK = 200  # interrupted attempts claimed (then repaired) per transaction of a recovery pass
+
+
+def _claim_key(attempt: Row) -> str:
+    return f"recover:{attempt['attempt_id']}"
+
+
 def recovery_backoff(attempts: int, base: float, cap: float = 300.0) -> float:
     """No delay for the first recovery; growing delays for a work item that keeps killing workers."""
     return 0.0 if attempts <= 1 else float(min(cap, base * 2 ** (attempts - 2)))
@@ -112,14 +120,18 @@ class Coordinator:
         # so a pass over idle work commits nothing (Database.run_write_if_needed)
         report = RecoveryReport()
         report.dead_workers = await self.db.run_write_if_needed(lambda tx: self._confirm_ownership(tx, report))
-        for attempt in await self.db.run(lambda tx: rs.unrecovered_attempts(tx, self.host), write=False):
-            mode = await self._recover_attempt(attempt)
-            if mode:
-                report.recovered[attempt["work_id"]] = mode
+        interrupted = await self.db.run(lambda tx: rs.unrecovered_attempts(tx, self.host), write=False)
+        for i in range(0, len(interrupted), RECOVERY_CHUNK):
+            report.recovered.update(await self._recover_attempts(interrupted[i:i + RECOVERY_CHUNK]))
         report.cancelled = await self._cancel_condemned_tools()
         report.reconciled = await self.db.run_write_if_needed(self._late_receipts)
         report.notified = await self.db.run_write_if_needed(lambda tx: waits.reconcile_waits(tx, time.time()))
-        await self.db.run_write_if_needed(lambda tx: self._reconcile(tx, report))
+        if report.dead_workers or report.charged or report.recovered or report.reconciled or report.notified:
+            # this pass has written already (deaths, claims, receipts): its decisions will too, so
+            # they run once under the write lock instead of a read pass repeated when it meets a write
+            await self.db.run(lambda tx: self._reconcile(tx, report))
+        else:
+            await self.db.run_write_if_needed(lambda tx: self._reconcile(tx, report))
         return report
 
     async def admit(self) -> RecoveryReport:
@@ -193,15 +205,18 @@ class Coordinator:
             tx, from_host=from_host, to_host=self.host, by=by, claimant=self.claimant, session_id=session_id))
 
     # ------------------------------------------------------------------ 2. claim, repair, decide
-    async def _recover_attempt(self, attempt: Row) -> RecoveryMode | None:
-        key = f"recover:{attempt['attempt_id']}"
-        claimed = await self.db.run(lambda tx: self._claim(tx, key, attempt))
+    async def _recover_attempts(self, attempts: list[Row]) -> dict[str, RecoveryMode]:
+        """Claim a chunk of interrupted attempts in one transaction, then repair and decide the claimed
+        ones in a second: two commits per chunk, not two per attempt. Each attempt keeps its own claim
+        row (``recover:<attempt_id>``, one owner) and its own decision, so a crash between the two
+        transactions, or a second pass over the same attempts, decides each of them exactly once."""
+        claimed = await self.db.run(lambda tx: [a for a in attempts if self._claim(tx, _claim_key(a), a)])
         if not claimed:
-            return None
+            return {}
         crash_point("recovery.after_claim")
-        mode = await self.db.run(lambda tx: self._repair(tx, key, attempt))
+        modes = await self.db.run(lambda tx: {a["work_id"]: self._repair(tx, _claim_key(a), a) for a in claimed})
         crash_point("recovery.after_decision")
-        return mode
+        return modes
 
     def _claim(self, tx: Tx, key: str, attempt: Row) -> bool:
         """One recovery owner per work item; a dead claimant's claim is taken over, a live one's is not
@@ -302,12 +317,13 @@ class Coordinator:
     # ------------------------------------------------------------------ 3+4. decide and admit
     def _facts(
         self, tx: Tx, work: Row, session: Row, now: float, models: dict[str, ReasonCode | None],
-        dead_workers: frozenset[str] = frozenset(),
+        dead_workers: frozenset[str] = frozenset(), pending_approvals: set[str] | None = None,
     ) -> RecoveryFacts:
         """One work item's facts (``recovery/facts.py``); its budget problem and revoked-permission
         sentence are kept for this pass's sentences."""
         found = load_facts(tx, work, session, config=self.config, registry=self.registry, prices=self.prices,
-                           host_name=self.me.host_name, now=now, models=models, dead_workers=dead_workers)
+                           host_name=self.me.host_name, now=now, models=models, dead_workers=dead_workers,
+                           pending_approvals=pending_approvals)
         if found.revoked is not None:
             self._revoked[work["work_id"]] = found.revoked
         if found.held is not None:
@@ -326,6 +342,7 @@ class Coordinator:
         # one running item per session: an attempt still live (a paused item's last step, a stopped one's
         # kill, a death not yet confirmed) holds its session whatever became of its work item
         busy: set[str] = rs.sessions_with_live_attempts(tx)
+        pending = rs.works_with_pending_approval(tx)  # one read for the pass, not one per work item
         for work in rows:
             sid = work["session_id"]
             session = sessions.get(sid) or c.get_session(tx, sid)
@@ -335,7 +352,7 @@ class Coordinator:
             if rs.recovery_pending(tx, work["work_id"]):
                 busy.add(sid)  # its recovery is not decided yet: recover() handles it first
                 continue
-            facts = self._facts(tx, work, session, now, models)
+            facts = self._facts(tx, work, session, now, models, pending_approvals=pending)
             d = decide(facts)
             report.decisions[work["work_id"]] = f"{d.action}:{d.reason_code}"
             if facts.retry_at > now:  # a backoff ends then: no commit announces it

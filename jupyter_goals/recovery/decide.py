@@ -1,7 +1,8 @@
 """``decide()``: what to do with a work item that has no live attempt. Pure: facts in, decision out.
 
 Priority (spec "Decide"): user stop/pause > live or unreachable owner > auto-recovery disabled >
-pending approval > Goal and dependency waits > permissions > budget > resources (cwd, model, credentials, tool version) >
+pending approval > Goal and dependency waits (a person's steered message is not held back by a dependency
+wait: input first) > permissions > budget > resources (cwd, model, credentials, tool version) >
 crash-loop cap > durable retry time > admit. Unknown effects restrict the next turn; they do not
 block it. There is no expiry by age: how long ago the work was last touched is not a fact here.
 """
@@ -44,6 +45,9 @@ class RecoveryFacts:
     goal_wait: ReasonCode | None = None
     # a durable wait still open (a subtask not finished): waiting, no model turns until it is notified
     dependency_wait: ReasonCode | None = None
+    # a message the person sent to steer this work is not read yet: user input outranks the dependency
+    # wait, so the work is admitted to read it (the wait stays open; its result is delivered later)
+    steer_pending: bool = False
     permission_revoked: bool = False
     budget_problem: ReasonCode | None = None
     cwd_exists: bool = True
@@ -89,7 +93,7 @@ def decide(f: RecoveryFacts) -> RecoveryDecision:
         return RecoveryDecision(Action.WAIT, Phase.WAITING, ReasonCode.AWAITING_APPROVAL)
     if f.goal_wait is not None:  # waiting without idle model turns
         return RecoveryDecision(Action.WAIT, Phase.WAITING, f.goal_wait)
-    if f.dependency_wait is not None:
+    if f.dependency_wait is not None and not f.steer_pending:
         return RecoveryDecision(Action.WAIT, Phase.WAITING, f.dependency_wait)
     if f.permission_revoked:
         return RecoveryDecision(Action.WAIT, Phase.WAITING, ReasonCode.PERMISSION_REVOKED)

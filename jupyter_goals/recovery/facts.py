@@ -46,10 +46,12 @@ class WorkFacts:
 def load_facts(
     tx: Tx, work: Row, session: Row, *, config: GoalsConfig, registry: ToolLookup, prices: PriceTable | None,
     host_name: str, now: float, models: dict[str, ReasonCode | None], dead_workers: frozenset[str] = frozenset(),
+    pending_approvals: set[str] | None = None,
 ) -> WorkFacts:
     """Load one work item's facts. ``models`` caches model checks for one pass (a scripted model
     check parses its file; a pass may run many times a second while work arrives); ``dead_workers``:
-    the deaths a pass would confirm (``recover --explain``)."""
+    the deaths a pass would confirm (``recover --explain``); ``pending_approvals``: the work ids with a
+    pending approval when the pass read them all at once (``rs.works_with_pending_approval``)."""
     model = session["model"] or config.default_model
     if model not in models:
         models[model] = check_model(model)
@@ -73,7 +75,9 @@ def load_facts(
     latest = rs.latest_attempt(tx, work["work_id"])
     interrupted = died or (latest is not None and latest["state"] == "dead"
                            and int(latest["control_version"]) == int(work["control_version"]))
-    pending = rs.has_pending_approval(tx, work["work_id"])
+    pending = (work["work_id"] in pending_approvals if pending_approvals is not None
+               else rs.has_pending_approval(tx, work["work_id"]))
+    open_waits = waits.open_wait_count(tx, work["work_id"])
     revoked = revoked_permissions(tx, work, session)
     # hard budgets are rechecked before every admission, recovery included (never a default limit)
     held = budget.admission_problem(tx, work, model, prices, now)
@@ -85,7 +89,8 @@ def load_facts(
         auto_recover=bool(work["auto_recover"]),
         pending_approval=pending,
         goal_wait=goal_wait(tx, work["work_id"]) if work["kind"] == "goal" else None,
-        dependency_wait=ReasonCode.AWAITING_SUBTASK if waits.open_wait_count(tx, work["work_id"]) else None,
+        dependency_wait=ReasonCode.AWAITING_SUBTASK if open_waits else None,
+        steer_pending=bool(open_waits) and bool(c.pending_steer(tx, work["work_id"])),
         permission_revoked=revoked is not None,
         budget_problem=held.code if held else None,
         cwd_exists=os.path.isdir(session["cwd"]),

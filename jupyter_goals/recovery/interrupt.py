@@ -14,9 +14,12 @@ from jupyter_goals.store.db import Row, Tx
 
 def interrupt_turn(tx: Tx, work: Row, turn: Row, attempt: Row, unknown: list[Row],
                    cause: str = "the executor died") -> RecoveryMode:
-    """Mark ``unknown`` calls' outcomes unknown (placeholders, never run again without approval), append
-    the interruption marker, and end the turn ``interrupted`` when some outcome is unknown. The mode:
-    a new (restricted) turn after unknown outcomes, else resume from the last safe checkpoint."""
+    """Keep the answer the attempt was streaming (its last durable draft, ``meta.interrupted =
+    "restart"``), mark ``unknown`` calls' outcomes unknown (placeholders, never run again without
+    approval), append the interruption marker, and end the turn ``interrupted`` when some outcome is
+    unknown. The mode: a new (restricted) turn after unknown outcomes, else resume from the last safe
+    checkpoint. Every item has a stable id: a repeated recovery adds nothing."""
+    c.partial_answer(tx, work, turn["turn_id"], "restart", attempt_id=attempt["attempt_id"])
     for eff in unknown:
         c.set_effect_state(tx, eff, EffectState.UNKNOWN)
         c.append_item(tx, work["session_id"], ItemKind.TOOL_RESULT, "tool",

@@ -19,6 +19,13 @@ UNKNOWN_OUTCOME_TEXT = (
 NEVER_STARTED_TEXT = "[never started] Tool call {call_id} ({tool}) never started; it had no effect."
 INTERRUPTED_MARKER = "[response interrupted]"
 LATE_RECEIPT_TEXT = "[late result] Tool call {call_id} did finish after its outcome was reported unknown; its real result:\n{content}"
+#: a person's answer for a call whose outcome was unknown (a ``reconciliation`` item with ``meta.settled``)
+SETTLED_TEXT = {
+    "ran": "[outcome settled by the user] Tool call {call_id} ({tool}) was started but no result was recorded; "
+           "the user says it ran (took effect). Its output is not known.",
+    "did_not_run": "[outcome settled by the user] Tool call {call_id} ({tool}) was started but no result was "
+                   "recorded; the user says it did not run: it had no effect.",
+}
 
 # Stored result states that do not tell what happened; any other stored result is a real output.
 _UNKNOWN_STATES = frozenset({EffectState.UNKNOWN, EffectState.DISPATCHED, EffectState.PLANNED})
@@ -38,6 +45,11 @@ def placeholder_text(call_id: str, tool: str) -> str:
 def late_receipt_text(call_id: str, content: str) -> str:
     """The content of a reconciliation item: the real result, saying it arrived late."""
     return LATE_RECEIPT_TEXT.format(call_id=call_id, content=content)
+
+
+def settled_text(call_id: str, tool: str, outcome: str) -> str:
+    """What the model reads for a person's answer (``ran`` / ``did_not_run``) in place of the placeholder."""
+    return SETTLED_TEXT[outcome].format(call_id=call_id, tool=tool)
 
 
 def never_started_text(call_id: str, tool: str) -> str:
@@ -75,7 +87,8 @@ def repair_history(
       Results matching no call (orphans) are not sent.
     - Real outputs (committed, reconciled, denied, never_started, reconciliation items) beat
       unknown ones; of several real outputs the last saved wins. A call with no real output gets
-      the deterministic ``placeholder_text`` with ``unknown_outcome=True``.
+      the deterministic ``placeholder_text`` with ``unknown_outcome=True``. A person's answer (a
+      reconciliation item with ``meta.settled`` ``ran`` / ``did_not_run``) is sent as ``settled_text``.
     - An interrupted response keeps its partial text plus ``INTERRUPTED_MARKER``; reasoning
       signatures are never carried.
     - Two calls of one response with the same call ID (or provider call ID) raise
@@ -185,6 +198,8 @@ def _tool_message(call: TranscriptItem, result: TranscriptItem | None) -> Provid
     if result is not None and _is_real(result):
         if result.state == EffectState.NEVER_STARTED:
             content = _join(never_started_text(call_id, tool), result.content)
+        elif result.kind == ItemKind.RECONCILIATION and result.meta.get("settled") in SETTLED_TEXT:
+            content = settled_text(call_id, tool, str(result.meta["settled"]))  # a person's words, not tool output
         else:
             content = result.content
         return ProviderMessage(role="tool", tool_call_id=call_id, content=content)

@@ -6,7 +6,9 @@ verdict out. The order of the rules is the contract:
    implementations (by identity saved on the effect) run, a built-in read only where rule 2 lets it;
    every other call needs an approval bound to this call and to the digest of the unknown-effect set.
    Bypass and allow rules do not waive it. A read that rule 2 stops asks one approval, bound to the same
-   digest, whose reason names its path and the unknown calls.
+   digest, whose reason names its path and the unknown calls. A call leaves the set once its outcome is
+   reconciled (a person's ``settle`` or a late receipt, ``store/effects.py``): with none left, the rules
+   below apply again.
 2. In ``ask`` mode a built-in read (``read_file``, ``grep``, ``glob``, ``list_dir``, by implementation
    identity: ``CallFacts.reader``) needs an approval that names the resolved path when that path lies
    outside the chat's folders (its cwd and ``permissions.folders``), or in a place that holds
@@ -189,8 +191,8 @@ def read_problem(call: CallFacts, permissions: dict[str, Any], cwd: str, secret:
 
 def unknown_reason(unknown: Sequence[dict[str, Any]]) -> str:
     names = ", ".join(f"{u['tool']} ({u['call_id']})" for u in unknown)
-    return (f"Earlier calls have an unknown outcome: {names}. Until they are reviewed, this call needs your "
-            "one-time approval; bypass mode and allow rules do not apply.")
+    return (f"Earlier calls have an unknown outcome: {names}. Until you say whether they ran (or a check finds "
+            "their result), this call needs your one-time approval; bypass mode and allow rules do not apply.")
 
 
 def check_call(call: CallFacts, permissions: dict[str, Any], cwd: str,

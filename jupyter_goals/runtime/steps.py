@@ -21,7 +21,7 @@ class StepFacts:
     dispatched: dict[str, Any] | None = None  # the turn's first call already dispatched (a live process)
     planned: dict[str, Any] | None = None  # the turn's first call still to run
     planned_runs_freely: bool = False  # it is a trusted Goal-ledger write that creates no work
-    open_waits: bool = False  # the work waits durably on subtasks or Jobs
+    open_waits: bool = False  # the work waits durably on subtasks or Jobs (a steer message is still read)
     ready_waits: bool = False  # results of subtasks or Jobs arrived and are not delivered yet
     steer: tuple[dict[str, Any], ...] = ()  # messages the person sent to steer this turn, not yet in it
     goal_step: StepKind | None = None  # a Goal's pending REQUIREMENTS or VERIFY step, or WAIT (clarifying)
@@ -41,19 +41,22 @@ class StepDecision:
 
 def next_step(f: StepFacts) -> StepDecision:
     """A control change stops the attempt; an open call is finished first (a running one reattached,
-    a planned one run or checked); durable waits stop or deliver; then the Goal's own steps; an answer
-    without tool calls, with nothing steered since, finishes the turn; anything else asks the model."""
+    a planned one run or checked); durable waits stop or deliver, except that a person's steered message
+    is read at once while a wait stays open (input first); then the Goal's own steps; an answer without
+    tool calls, with nothing steered since, finishes the turn; anything else asks the model."""
     if not f.runnable:
         return StepDecision(StepKind.STOP)
     if f.dispatched is not None:
         return StepDecision(StepKind.REATTACH, effect=f.dispatched)
     if f.planned is not None:
         return StepDecision(StepKind.DISPATCH, effect=f.planned, check_permission=not f.planned_runs_freely)
-    if f.open_waits:
+    steer = bool(f.steer)
+    if f.open_waits and not steer:
         return StepDecision(StepKind.STOP, wait_for_subtasks=True)
     if f.ready_waits:
         return StepDecision(StepKind.DELIVER)
-    steer = bool(f.steer)
+    if f.open_waits:  # the model reads the person's message now; the wait stays open (no idle turns)
+        return StepDecision(StepKind.PROVIDER, consume_steer=True)
     if f.goal_step == StepKind.WAIT:
         return StepDecision(StepKind.STOP, consume_steer=steer, wait_for_clarification=True)
     if f.goal_step is not None:

@@ -355,8 +355,15 @@ class TurnRunner:
         # a work answer streams to open views as drafts (events, not the ledger); a summary does not
         drafts = (DraftStream(self.db, work["session_id"], work["work_id"], request.request_id)
                   if request.purpose == Purpose.WORK else None)
-        outcome = await paid.call(request, model, reserved_until=reserved_until, watch_stop=self._unless_stopped,
-                                  redact=self.redactor, on_chunk=drafts)
+        try:
+            outcome = await paid.call(request, model, reserved_until=reserved_until, watch_stop=self._unless_stopped,
+                                      redact=self.redactor, on_chunk=drafts)
+        except BaseException:
+            if drafts is not None:
+                drafts.abandon()
+            raise
+        if drafts is not None:  # a stopped answer's text so far is durable before its stop marker reads it
+            await drafts.close(flush=outcome.stopped)
         if outcome.stopped:
 
             def stopped(tx: Tx) -> None:
@@ -429,7 +436,10 @@ class TurnRunner:
         rid = response.provider_response_id or request.request_id
         response_id = f"resp:{request.request_id}"
         c.append_item(tx, work["session_id"], ItemKind.ASSISTANT, "assistant", response.text, item_id=response_id,
-                      work_id=work["work_id"], turn_id=turn_id, response_id=response_id, meta={"provider_response_id": rid})
+                      work_id=work["work_id"], turn_id=turn_id, response_id=response_id,
+                      # the provider's stop reason, where it gave one (max_tokens: the answer was cut at the limit)
+                      meta={"provider_response_id": rid, **({"stop_reason": response.stop_reason}
+                                                            if response.stop_reason else {})})
         for i, call in enumerate(response.tool_calls):
             call_id = f"{request.request_id}:{i}"
             spec = self.registry.get(call.name)

@@ -20,14 +20,14 @@ import sys
 from jupyter_goals import faults
 from jupyter_goals.config import ConfigError, GoalsConfig
 from jupyter_goals.host.secrecy import Redactor
-from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, Listener, Notifier
+from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, EVENTS, Listener, Notifier, WakingDatabase
 from jupyter_goals.identity import ProcessIdentity, host_name
 from jupyter_goals.providers.base import key_file_secrets
 from jupyter_goals.runtime.tools import ToolRegistry
 from jupyter_goals.runtime.turn import HistoryCache, TurnRunner
 from jupyter_goals.store import control as c
 from jupyter_goals.store import recovery as rs
-from jupyter_goals.store.db import Database, Row, StorageUnavailable, Tx
+from jupyter_goals.store.db import Row, StorageUnavailable, Tx
 from jupyter_goals.usage.prices import PriceTable, PriceTableError, load_price_table
 
 log = logging.getLogger("jupyter_goals.runtime.worker")
@@ -55,11 +55,12 @@ class Worker:
         self.histories = HistoryCache()  # each session's provider-ready history, kept across its attempts
         self.redactor = redactor if redactor is not None else Redactor.from_environment(extra=config.secrets)
         self.prices = worker_prices(config.price_table)
-        self.db = Database(config.control_db_url, inline=True)
         self.registry = ToolRegistry(config.trusted_tools)
         # admitted attempts, a stop, a finished task
         self.wakeups = Listener(config.state_dir, ATTEMPTS, worker_id, url=config.control_db_url)
         self.notifier = Notifier(config.state_dir, url=config.control_db_url)
+        # each commit's events reach the server's event streams at once (GET /events)
+        self.db = WakingDatabase(config.control_db_url, inline=True, after_commit=lambda: self.notifier.notify(EVENTS))
         self.generation = 0
         self.host = host_name()  # the host whose work it runs (DESIGN §3)
         self.tasks: dict[asyncio.Task[None], TurnRunner] = {}

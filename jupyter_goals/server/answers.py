@@ -365,7 +365,12 @@ class TakeoverAnswer(Answer):
     taken: list[str]
 
 
-class SessionActionAnswer(RootModel[ControlApplied | ToolCancelRequested | TakeoverAnswer]):
+class EffectSettled(Answer, models.EffectSettled):
+    """``settle``: the call is ``reconciled`` with the person's answer (``check``: the evidence found), who and
+    when; ``withdrawn``: the approvals asked only because of unknown outcomes (their calls are checked again)."""
+
+
+class SessionActionAnswer(RootModel[ControlApplied | ToolCancelRequested | TakeoverAnswer | EffectSettled]):
     def dump(self) -> dict[str, Any]:
         return self.root.dump()
 

@@ -47,6 +47,7 @@ class AttentionItem(Answer):
     work_id: str
     goal_id: str | None
     approval_id: str | None
+    effect_id: str | None  # an unknown outcome's call, for ``settle``
     call_id: str | None
     tool: str | None
     arguments: Any
@@ -69,7 +70,7 @@ def attention(tx: Tx) -> Attention:
         items.append(AttentionItem(
             key=f"approval:{ap['approval_id']}", kind="approval", action="decide", session_id=str(ap["session_id"]),
             title=str(ap["title"]), work_id=str(ap["work_id"]), goal_id=None, approval_id=str(ap["approval_id"]),
-            call_id=str(ap["call_id"]), tool=str(ap["tool"]), arguments=ap["arguments"],
+            effect_id=None, call_id=str(ap["call_id"]), tool=str(ap["tool"]), arguments=ap["arguments"],
             reason_code=str(ReasonCode.AWAITING_APPROVAL), reason=str(ap["reason"] or "A call waits for your approval."),
             since=float(ap["created_at"]), control_version=int(ap["control_version"])))
     for w in store.waiting_work(tx):
@@ -77,14 +78,16 @@ def attention(tx: Tx) -> Attention:
         items.append(AttentionItem(
             key=f"work:{w['work_id']}:{w['reason_code'] or w['phase']}", kind=kind, action=_ACTION[kind],
             session_id=w["session_id"], title=w["title"], work_id=w["work_id"], goal_id=w["goal_id"],
-            approval_id=None, call_id=None, tool=None, arguments=None, reason_code=w["reason_code"],
+            approval_id=None, effect_id=None, call_id=None, tool=None, arguments=None, reason_code=w["reason_code"],
             reason=w["reason"], since=w["updated_at"], control_version=w["control_version"]))
     for e in store.unknown_calls(tx):
         items.append(AttentionItem(
             key=f"call:{e['effect_id']}", kind="unknown_outcome", action="settle", session_id=e["session_id"],
-            title=e["title"], work_id=e["work_id"], goal_id=None, approval_id=None, call_id=e["call_id"],
+            title=e["title"], work_id=e["work_id"], goal_id=None, approval_id=None, effect_id=e["effect_id"],
+            call_id=e["call_id"],
             tool=e["tool"], arguments=e["arguments"], reason_code=str(ReasonCode.UNKNOWN_EFFECTS_NEED_REVIEW),
-            reason=f"Whether this {e['tool']} call ran is unknown: it is not run again without your approval.",
+            reason=f"Whether this {e['tool']} call ran is unknown: it is not run again, and later writes of this work"
+                   " need your approval until you say whether it ran.",
             since=e["ended_at"] or e["dispatched_at"] or e["created_at"], control_version=None))
     return Attention(items=items, count=len(items))
 

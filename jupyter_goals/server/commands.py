@@ -7,6 +7,7 @@ let the crash tests stop the server exactly there.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 from jupyter_goals import faults
 from jupyter_goals.config import GoalsConfig
 from jupyter_goals.goals import lifecycle as goal_lifecycle
+from jupyter_goals.host.effect_files import shell_alive, shell_result_text
+from jupyter_goals.host.secrecy import Redactor
 from jupyter_goals.identity import host_name
 from jupyter_goals.models import (
     CreateGoal,
@@ -24,10 +27,12 @@ from jupyter_goals.models import (
     PostMessage,
     ReasonCode,
     SessionAction,
+    SettleOutcome,
     UpdateGoal,
     UpdateSession,
 )
 from jupyter_goals.recovery import takeover
+from jupyter_goals.recovery.repair import late_receipt_text
 from jupyter_goals.runtime.tools import ToolRegistry, cancellable
 from jupyter_goals.server import answers as a
 from jupyter_goals.server.catalog import ModelCatalog
@@ -111,6 +116,8 @@ class Commands:
             return a.SessionActionAnswer(await self._cancel_tool(session_id, body.effect_id or ""))
         if body.action == "takeover":
             return a.SessionActionAnswer(await self._take_over_session(session_id, by))
+        if body.action == "settle" and body.outcome is not None:  # the model requires the outcome with settle
+            return a.SessionActionAnswer(await self._settle(session_id, body.effect_id or "", body.outcome, by))
         action = body.action
 
         def run(tx: Tx) -> Row:
@@ -148,6 +155,60 @@ class Commands:
 
         eff = await self.control.run(cancel)
         return a.ToolCancelRequested(effect_id=eff["effect_id"], call_id=eff["call_id"], cancel_requested=True)
+
+    async def _settle(self, session_id: str, effect_id: str, outcome: SettleOutcome, by: str) -> a.EffectSettled:
+        """``settle``: a person says whether a call whose outcome is unknown ran (``ran`` / ``did_not_run``),
+        or asks that its evidence be read again (``check``: a shell command's exit file, on the host that ran
+        it). One transaction records the reconciliation and withdraws the approvals asked only because of
+        it (``store/effects.settle_effect``). 404 no such session or call; 409 another session's call, an
+        outcome no longer unknown, or (``check``) no probe here or no evidence found."""
+        who = by or "a user"
+
+        def find(tx: Tx) -> tuple[Row, str | None]:
+            c.get_session(tx, session_id)  # 404 for an unknown session
+            eff = c.effect_to_settle(tx, session_id, effect_id)
+            return eff, c.shell_call_host(tx, eff) if eff["tool"] == "shell" else None
+
+        eff, host = await self.control.run(find, write=False)
+        evidence: str | None = None
+        names: tuple[str, ...] = ()
+        if outcome == "check":
+            evidence, names = await self._evidence(eff, host)
+
+        def settle(tx: Tx) -> tuple[Row, float, list[str]]:
+            now = c.effect_to_settle(tx, session_id, effect_id)  # a late receipt or another answer may be first
+            at, withdrawn = c.settle_effect(tx, now, outcome, who, evidence, names)
+            return now, at, withdrawn
+
+        settled, at, withdrawn = await self.control.run(settle)
+        self.wake()  # a withdrawn approval's work is queued again
+        return a.EffectSettled(effect_id=settled["effect_id"], call_id=settled["call_id"], tool=settled["tool"],
+                               state="reconciled", outcome=outcome, settled_by=who, settled_at=at, withdrawn=withdrawn)
+
+    @functools.cached_property
+    def redactor(self) -> Redactor:
+        """Evidence read again is tool output: credentials never reach the transcript (as a late receipt)."""
+        return Redactor.from_environment(extra=self.config.secrets)
+
+    async def _evidence(self, eff: Row, host: str | None) -> tuple[str, tuple[str, ...]]:
+        """``check``: a shell command's real result, read again from its exit file (redacted); 409 when no
+        probe exists here (not a shell command, or another host's) or when it left no exit status."""
+        call = f"{eff['tool']} ({eff['call_id']})"
+        if host is None:
+            raise c.VersionConflict(f"{call} cannot be checked again: only a shell command's exit file can be read;"
+                                    " say whether it ran")
+        if host != host_name():
+            raise c.VersionConflict(f"{call} ran on host {host}: its files are there, not on {host_name()};"
+                                    " check from that host's server or say whether it ran")
+        effect_dir = self.config.state_dir / "effects" / eff["effect_id"]
+        text = await asyncio.to_thread(shell_result_text, effect_dir)
+        if text is None:
+            running = await asyncio.to_thread(shell_alive, effect_dir)
+            raise c.VersionConflict(f"No evidence was found: {call} left no exit status"
+                                    + (" (its process still runs)" if running else "")
+                                    + "; its outcome stays unknown. Say whether it ran, or check again later.")
+        clean = self.redactor.redact(late_receipt_text(eff["call_id"], text))
+        return clean.text, tuple(clean.names)
 
     async def stop_all(self) -> a.StopAllAnswer:
         self.stores.check()

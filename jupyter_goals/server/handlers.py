@@ -10,7 +10,8 @@ its model (``server/answers.py``).
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
+import time
 
 import tornado.web
 from jupyter_server.auth.decorator import authorized
@@ -22,6 +23,7 @@ from jupyter_goals.server import attention, openapi
 from jupyter_goals.server import goal_handlers as goals
 from jupyter_goals.server import session_handlers as sessions
 from jupyter_goals.server.base_handler import INT64, ApiError, GoalsHandler, UnknownRouteHandler, api
+from jupyter_goals.server.event_hub import EventHub, sse_frame
 
 __all__ = ["handlers", "GoalsHandler", "UnknownRouteHandler"]
 
@@ -112,18 +114,22 @@ class UsageHandler(GoalsHandler):
         self.answer(await self.service.queries.usage_answer(session_id, goal_id))
 
 
-SSE_POLL_S = 0.1  # how often an idle event stream looks for new events
+KEEP_ALIVE_S = 15.0  # an idle event stream writes a comment this often (proxies keep it open)
 
 
 class EventsHandler(GoalsHandler):
     """``GET /events?after=SEQ``: Server-Sent Events (``id:`` = seq, honours Last-Event-ID), or
-    ``&format=json&limit=N`` → ``{events, last_seq}``."""
+    ``&format=json&limit=N`` → ``{events, last_seq}``. A stream follows the service's ``EventHub``: no
+    poll interval, one read of the log per commit for every open stream (``server/event_hub.py``)."""
 
     client_gone = False
+    _nudge: asyncio.Event | None = None
 
     def on_connection_close(self) -> None:
-        # without this a closed stream keeps polling the database until the next keep-alive write
+        # without this a closed stream would wait for the next event or keep-alive to notice
         self.client_gone = True
+        if self._nudge is not None:
+            self._nudge.set()
         super().on_connection_close()
 
     @tornado.web.authenticated
@@ -157,28 +163,40 @@ class EventsHandler(GoalsHandler):
             await self.flush()
         except StreamClosedError:
             return
-        idle = 0.0
-        while not self.client_gone:
-            batch = await self.service.queries.events(after, limit)
+        hub = self.service.event_hub
+        self._nudge = nudge = hub.join()
+        try:
+            await self._follow(hub, nudge, after, limit)
+        finally:
+            hub.leave(nudge)
+
+    async def _follow(self, hub: EventHub, nudge: asyncio.Event, after: int, limit: int) -> None:
+        idle_since = time.monotonic()
+        while not self.client_gone and not hub.closed:
+            nudge.clear()  # before looking: a nudge from now on is seen by the wait below
+            frames = hub.frames_after(after, limit)
+            if frames is None:  # behind the hub's window: a page of its own from the log
+                batch = await self.service.queries.events(after, limit)
+                frames = [(ev.seq, sse_frame(ev)) for ev in batch.events]
             try:
-                for ev in batch.events:
-                    after = ev.seq
-                    data = json.dumps(ev.model_dump(mode="json"))
-                    self.write(f"id: {ev.seq}\nevent: {ev.kind}\ndata: {data}\n\n")
-                if batch.events or idle >= 15:
-                    if not batch.events:
-                        self.write(": keep-alive\n\n")
-                    idle = 0.0
+                if frames:
+                    self.write("".join(text for _, text in frames))
+                    after = frames[-1][0]
+                    idle_since = time.monotonic()
+                    await self.flush()
+                elif time.monotonic() - idle_since >= KEEP_ALIVE_S:
+                    self.write(": keep-alive\n\n")
+                    idle_since = time.monotonic()
                     await self.flush()
             except StreamClosedError:
                 return
             if self.client_gone or self.request.connection is None or getattr(self.request.connection, "stream", None) is None:
                 return
-            if not batch.events:
-                # one indexed read on the event tail's own reader connection: cheap enough to keep a
-                # committed change on screen within DESIGN §12's 200 ms
-                await asyncio.sleep(SSE_POLL_S)
-                idle += SSE_POLL_S
+            if frames:
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, KEEP_ALIVE_S - (time.monotonic() - idle_since))):
+                    await nudge.wait()
 
 
 def handlers(base: str) -> list[tuple[str, type[GoalsHandler]]]:

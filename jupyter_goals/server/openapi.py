@@ -139,10 +139,13 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/sessions/{session_id}/messages", "Send a message (202 once committed)", a.MessageAccepted,
               body=PostMessage, ok=(202,), errors=(400, 404, 409, 503)),
     Operation("post", "/sessions/{session_id}/actions",
-              "Pause, resume, stop, retry, cancel one running call, or take over from a lost host",
+              "Pause, resume, stop, retry, cancel one running call, take over from a lost host, or settle an"
+              " unknown outcome",
               a.SessionActionAnswer, body=SessionAction, errors=(400, 404, 409, 503),
               description="409 when the session has no work, its work ended, or `expected_control_version` is stale;"
-                          " `takeover`: 409 when its host is reachable or its folder does not exist here"),
+                          " `takeover`: 409 when its host is reachable or its folder does not exist here;"
+                          " `settle`: 404 for an unknown call, 409 when it is another session's, its outcome is not"
+                          " unknown any more, or (`check`) no evidence was found"),
     Operation("post", "/actions", "Quit and stop all tasks, or take over a lost host's work", a.GlobalActionAnswer,
               body=GlobalAction, errors=(400, 409, 503),
               description="`takeover`: 409 when the host is reachable or a session's folder does not exist here"

@@ -26,12 +26,14 @@ from jupyter_goals.runtime.supervisor import Supervisor
 from jupyter_goals.runtime.tools import ToolRegistry
 from jupyter_goals.server import catalog
 from jupyter_goals.server.commands import Commands
+from jupyter_goals.server.event_hub import EventHub
 from jupyter_goals.server.health import Health, health
 from jupyter_goals.server.loops import Loops
 from jupyter_goals.server.queries import Queries
 from jupyter_goals.server.startup import Stores, private_state_dir
 from jupyter_goals.store import control as c
 from jupyter_goals.store import recovery_passes
+from jupyter_goals.store.db import StorageUnavailable
 from jupyter_goals.store.events import EventTail
 from jupyter_goals.usage.ledger import OutboxDispatcher
 from jupyter_goals.usage.prices import PriceTable, PriceTableError, load_price_table
@@ -67,6 +69,8 @@ class GoalsService:
         self.queries = Queries(self.stores, self.catalog, self.event_tail, started_at=time.time(),
                                models_error=models_error)
         self.commands = Commands(config, self.stores, self.queries, self.catalog, self.registry, self.loops.wake)
+        self.event_hub = EventHub(config, self.queries, self.event_tail)  # GET /events streams follow it
+        self.stores.control.after_commit = self.event_hub.committed
         self.supervisor: Supervisor | None = None
         self.event_streams = 0  # open SSE streams of GET /events (health shows it)
         self._tasks: list[asyncio.Task[None]] = []
@@ -137,18 +141,31 @@ class GoalsService:
     async def _run(self) -> None:
         if not self._config_saved:
             self._config_saved = await asyncio.to_thread(self._save_config)
-        control = self.stores.control
         self.stores.started = True  # input and controls sent during recovery are accepted and win over old continuations
-        found = await control.run(lambda tx: recovery_passes.unfinished_work(tx, host_name()), write=False)
-        await self.loops.recover()
-        if found:  # the recovery summary (GET /recovery) of this start
-            pass_id = c.new_id("pass")
-            await control.run(lambda tx: recovery_passes.record_pass(tx, pass_id, found, host=host_name(),
-                                                                      boot=boot_id()))
+        delay = 1.0
+        while True:
+            try:
+                await self._first_pass()
+                break
+            except StorageUnavailable as exc:  # the store went away mid-pass (a database restart): health says so
+                log.warning("jupyter_goals: the first recovery pass failed (%s); trying again in %.0f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
         if self.config.workers > 0:
             self.supervisor = Supervisor(self.config, on_exit=self.loops.worker_exited)
             await self.supervisor.start()
         self.loops.start()
+
+    async def _first_pass(self) -> None:
+        """The first recovery pass of this start and its summary (``GET /recovery``); harmless to repeat
+        after the store failed part-way (each of its transactions commits whole or not at all)."""
+        control = self.stores.control
+        found = await control.run(lambda tx: recovery_passes.unfinished_work(tx, host_name()), write=False)
+        await self.loops.recover()
+        if found:
+            pass_id = c.new_id("pass")
+            await control.run(lambda tx: recovery_passes.record_pass(tx, pass_id, found, host=host_name(),
+                                                                      boot=boot_id()))
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Graceful: stop admission, stop workers (they hand back checkpoints), close the stores."""
@@ -160,5 +177,6 @@ class GoalsService:
         if self.supervisor is not None:
             await self.supervisor.stop(grace_s=grace_s)
         await self.loops.drain()
+        await self.event_hub.close()
         await self.event_tail.close()
         await self.stores.close()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from jupyter_goals.config import GoalsConfig
+from jupyter_goals.host.wake import WakingDatabase
 from jupyter_goals.models import REASON_TEXT, ReasonCode
 from jupyter_goals.store import control as c
 from jupyter_goals.store import known
@@ -80,11 +81,12 @@ def is_corruption(message: str) -> bool:
     return any(word in text for word in _CORRUPTION)
 
 
-class WatchedDatabase(Database):
+class WatchedDatabase(WakingDatabase):
     """control.db as the server uses it: a transaction that meets a damaged file (a page of garbage,
     a truncated file) fails 503 ``storage_corrupt`` naming the file and what to do, and the damage is
     remembered (``corruption``) for health, which checks it again before it forgets it. Every user of
-    the database in this process (requests, the Coordinator, the outbox) goes through here."""
+    the database in this process (requests, the Coordinator, the outbox) goes through here, and each
+    committed write wakes the event streams (``after_commit``, set by the service's ``EventHub``)."""
 
     def __init__(self, url: str) -> None:
         super().__init__(url)

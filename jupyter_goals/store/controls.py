@@ -101,9 +101,11 @@ def apply_control(tx: Tx, work: Row, action: str, expected_version: int | None) 
 
 
 def finish_cancelled(tx: Tx, work: Row) -> None:
-    """A stop persists as cancelled: the open turn ends interrupted, unstarted calls never start."""
+    """A stop persists as cancelled: the open turn ends interrupted, unstarted calls never start, and an
+    answer the stop cut short keeps its streamed text (``meta.interrupted = "stopped"``) before the marker."""
     turns = tx.all("SELECT turn_id FROM turns WHERE work_id = ? AND state = 'running'", (work["work_id"],))
     for turn in turns:
+        transcript.partial_answer(tx, work, turn["turn_id"], "stopped")
         attempts.end_turn(tx, work, turn["turn_id"], TurnState.INTERRUPTED, "user_stopped")
     if turns:  # said in words where it happened (work stopped before it ever ran has no turn to end)
         # a command this stop terminated: a shell call still running (the Coordinator kills what no live

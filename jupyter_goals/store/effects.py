@@ -1,6 +1,6 @@
 """Effects and approvals: a tool call's effect record (``plan_call`` → ``mark_dispatched``, committed before
-the side effect → ``set_effect_state`` with its result; ``commit_cancelled``, ``reconcile_effect``),
-cancel requests, the unknown-effect set; approvals bound to the call, the work item's control version
+the side effect → ``set_effect_state`` with its result; ``commit_cancelled``, ``reconcile_effect``, a
+person's ``settle_effect``), cancel requests, the unknown-effect set; approvals bound to the call, the work item's control version
 and the digest of the unknown-effect set (``request_approval``, ``decide_approval``,
 ``invalidate_approvals``, ``supersede_approval``), consumed once by ``mark_dispatched``.
 
@@ -31,6 +31,11 @@ __all__ = [
     "effects_of_work",
     "dispatched_call_of_tool",
     "reconcile_effect",
+    "SETTLED_WORDS",
+    "effect_to_settle",
+    "shell_call_host",
+    "settle_effect",
+    "lift_unknown_restriction",
     "request_cancel_tool",
     "cancel_cause",
     "tools_to_cancel",
@@ -150,8 +155,87 @@ def reconcile_effect(tx: Tx, eff: Row, content: str, redacted: Sequence[str] = (
     meta: dict[str, Any] = {"effect_id": eff["effect_id"], "late_receipt": True}
     if redacted:
         meta["redacted"] = list(redacted)
-    return _settle_effect(tx, eff, EffectState.UNKNOWN, EffectState.RECONCILED, content, ItemKind.RECONCILIATION,
-                          f"reconcile:{eff['call_id']}", meta)
+    if not _settle_effect(tx, eff, EffectState.UNKNOWN, EffectState.RECONCILED, content, ItemKind.RECONCILIATION,
+                          f"reconcile:{eff['call_id']}", meta):
+        return False
+    lift_unknown_restriction(tx, eff)
+    return True
+
+
+#: what the transcript says of a person's answer (``settle``); the model reads ``repair.settled_text``
+SETTLED_WORDS: dict[str, str] = {"ran": "You said it ran.", "did_not_run": "You said it did not run."}
+
+
+def effect_to_settle(tx: Tx, session_id: str, effect_id: str) -> Row:
+    """The call a person settles, by its effect id or its call id (what a transcript item carries): 404 when
+    no call has it, 409 when it is another session's or its outcome is no longer unknown."""
+    eff = tx.one("SELECT * FROM effects WHERE effect_id = ? OR call_id = ?", (effect_id, effect_id))
+    if eff is None:
+        raise NotFound(f"no tool call {effect_id}")
+    if eff["session_id"] != session_id:
+        raise VersionConflict(f"tool call {effect_id} belongs to another session, not {session_id}")
+    if eff["state"] != EffectState.UNKNOWN:
+        raise VersionConflict(f"the outcome of {eff['tool']} ({eff['call_id']}) is not unknown any more"
+                              f" ({eff['state']}): there is nothing to settle")
+    return eff
+
+
+def shell_call_host(tx: Tx, eff: Row) -> str | None:
+    """The host whose files hold a call's evidence: the host of the worker that dispatched it, else its
+    work's host (only that host may read them: a late receipt is reported by the host that ran it)."""
+    row = tx.one(
+        "SELECT COALESCE(k.host_name, i.host_name) AS host FROM effects e JOIN work_items i ON i.work_id = e.work_id"
+        " LEFT JOIN attempts a ON a.attempt_id = e.attempt_id LEFT JOIN workers k ON k.worker_id = a.worker_id"
+        " WHERE e.effect_id = ?", (eff["effect_id"],))
+    return None if row is None else str(row["host"])
+
+
+def settle_effect(tx: Tx, eff: Row, outcome: str, by: str, evidence: str | None = None,
+                  redacted: Sequence[str] = ()) -> tuple[float, list[str]]:
+    """A person's durable reconciliation of an ``unknown`` call: ``reconciled`` with one ``reconciliation``
+    item (stable id ``reconcile:<call_id>``, the one a late receipt would have) whose words say what they
+    answered (``SETTLED_WORDS``), or for ``check`` the ``evidence`` read again; ``meta``: the answer
+    (``settled``), who (``by``) and when (``at``). Then the approvals asked only because of unknown outcomes
+    are withdrawn (``lift_unknown_restriction``) and ``effect.settled`` is written. 409 when the outcome is
+    no longer unknown (another answer or a late receipt came first). → (when, withdrawn approval ids)."""
+    at = time.time()
+    meta: dict[str, Any] = {"effect_id": eff["effect_id"], "settled": outcome, "by": by, "at": at}
+    if outcome == "check":
+        meta["late_receipt"] = True
+    if redacted:
+        meta["redacted"] = list(redacted)
+    text = (evidence or "") if outcome == "check" else SETTLED_WORDS[outcome]
+    if not _settle_effect(tx, eff, EffectState.UNKNOWN, EffectState.RECONCILED, text, ItemKind.RECONCILIATION,
+                          f"reconcile:{eff['call_id']}", meta):
+        raise VersionConflict(f"the outcome of {eff['tool']} ({eff['call_id']}) is not unknown any more:"
+                              " there is nothing to settle")
+    withdrawn = lift_unknown_restriction(tx, eff)
+    shared.emit(tx, "effect.settled", {"effect_id": eff["effect_id"], "call_id": eff["call_id"], "tool": eff["tool"],
+                                       "outcome": outcome, "by": by, "withdrawn": withdrawn},
+                session_id=eff["session_id"], work_id=eff["work_id"])
+    return at, withdrawn
+
+
+def lift_unknown_restriction(tx: Tx, eff: Row) -> list[str]:
+    """``eff``'s outcome is known now: every pending approval bound to an unknown-effect set holding it (asked
+    while it was unknown) is withdrawn, and its work queued again with a new control version (as after a
+    decision), so that its call is checked again under the chat's permissions: with no unknown outcome left
+    open, bypass runs it; otherwise a fresh approval is asked, bound to the set as it is now. → the ids."""
+    withdrawn: list[str] = []
+    for ap in tx.all("SELECT * FROM approvals WHERE state = 'pending' AND unknown_set_digest != ''"):
+        if eff["call_id"] not in {u.get("call_id") for u in json.loads(ap["unknown_set"] or "[]")}:
+            continue
+        supersede_approval(tx, ap, f"Withdrawn because the outcome of {eff['tool']} ({eff['call_id']}) is known now;"
+                           " this call is checked again under the chat's permissions and asked again only if they"
+                           " need it.")
+        work = sessions.get_work(tx, ap["work_id"])
+        version = int(work["control_version"]) + 1
+        tx.execute("UPDATE work_items SET control_version = ? WHERE work_id = ?", (version, work["work_id"]))
+        work["control_version"] = version
+        if work["desired_state"] == DesiredState.RUN and work["phase"] not in (Phase.DONE, Phase.CANCELLED):
+            sessions.set_phase(tx, work, Phase.QUEUED, ReasonCode.QUEUED)
+        withdrawn.append(ap["approval_id"])
+    return withdrawn
 
 
 def _settle_effect(tx: Tx, eff: Row, before: EffectState, after: EffectState, content: str, kind: ItemKind,

@@ -1,4 +1,5 @@
-"""Read-only tail of the event log for SSE and polling clients.
+"""Read-only tail of the event log for SSE and polling clients (the server's ``EventHub`` reads the
+new events once per wake-up for every stream; a JSON poll or a stream catching up reads its own page).
 
 On SQLite it uses an aiosqlite connection of its own: WAL lets it read while the writer thread
 commits, so a dozen browser tabs polling every 250 ms never queue behind durable writes. Each poll
@@ -64,6 +65,19 @@ class EventTail:
             r["payload"] = json.loads(r["payload"])
             events.append(r)
         return {"events": events, "last_seq": last}
+
+    async def last_seq(self) -> int:
+        """The newest seq of the log (0 when empty): where a live follower starts."""
+        if self.db.dialect != "sqlite":
+            return await self.db.run(c.last_event_seq, write=False)
+        conn = await self._connection()
+        try:
+            async with conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events") as cur:
+                row = await cur.fetchone()
+        except Exception as exc:
+            await self.close()
+            raise StorageUnavailable(f"cannot read events: {exc}") from exc
+        return int(row[0]) if row else 0
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -198,6 +198,12 @@ def latest_attempt(tx: Tx, work_id: str) -> Row | None:
                   (work_id,))
 
 
+def works_with_pending_approval(tx: Tx) -> set[str]:
+    """The work items with a ``pending`` approval, read once for a whole admission pass (one scan of the
+    ``approvals_state`` index instead of one per work item, which grew with the number of items)."""
+    return {str(r["work_id"]) for r in tx.all("SELECT DISTINCT work_id FROM approvals WHERE state = 'pending'")}
+
+
 def has_pending_approval(tx: Tx, work_id: str) -> bool:
     return tx.one("SELECT approval_id FROM approvals WHERE work_id = ? AND state = 'pending' LIMIT 1",
                   (work_id,)) is not None

@@ -1,7 +1,8 @@
 """The transcript: append-only items per session (``append_item``: a given ``item_id`` is a stable repair
 key, inserted at most once), reads and keyset pages by ``seq`` (``transcript_page``), the reads a turn
-step makes of it (``last_item_of_turn``, ``response_has_calls``, ``last_reply``), and the
-``assistant.draft`` events of a streamed answer (never the transcript itself).
+step makes of it (``last_item_of_turn``, ``response_has_calls``, ``last_reply``), the
+``assistant.draft`` events of a streamed answer, and the partial answer an interruption keeps from them
+(``partial_answer``: an assistant item ``partial:<request_id>`` with ``meta.interrupted``).
 
 Functions take a ``Tx`` and run inside the caller's single transaction; each state change writes its event
 row in the same transaction (``shared.emit``). Other aggregates are called through their module
@@ -28,7 +29,13 @@ __all__ = [
     "RESPONSE_CALLS_SQL",
     "last_reply",
     "emit_draft",
+    "partial_answer",
+    "PARTIAL_PREFIX",
 ]
+
+#: the item id (and response id) prefix of an interrupted answer's partial text; such an item is never
+#: the turn's answer (the turn goes on, or ended with its interruption marker)
+PARTIAL_PREFIX = "partial:"
 
 
 def append_item(
@@ -131,9 +138,11 @@ def last_item_of_turn(tx: Tx, turn_id: str) -> Row | None:
     """The newest item of a turn that the model reads (its kind and response id). Markers (an
     interruption, a notice, a compaction summary, a Goal record) never count: a worker that died right
     after committing its final answer leaves an interruption marker behind it, and the resumed attempt
-    must finish the turn, not ask the model again."""
+    must finish the turn, not ask the model again. Nor does an interrupted answer's partial text: the
+    resumed attempt asks the model again."""
     return tx.one("SELECT kind, response_id FROM transcript WHERE turn_id = ? AND kind NOT IN"
-                  " ('interruption', 'notice', 'compaction', 'goal_record') ORDER BY seq DESC LIMIT 1", (turn_id,))
+                  " ('interruption', 'notice', 'compaction', 'goal_record') AND item_id NOT LIKE ?"
+                  " ORDER BY seq DESC LIMIT 1", (turn_id, f"{PARTIAL_PREFIX}%"))
 
 
 def response_has_calls(tx: Tx, response_id: str) -> bool:
@@ -144,9 +153,9 @@ RESPONSE_CALLS_SQL = "SELECT item_id FROM transcript WHERE response_id = ? AND k
 
 
 def last_reply(tx: Tx, turn_id: str) -> str | None:
-    """The text of a turn's newest assistant message."""
-    row = tx.one("SELECT content FROM transcript WHERE turn_id = ? AND kind = 'assistant' ORDER BY seq DESC LIMIT 1",
-                 (turn_id,))
+    """The text of a turn's newest assistant message (an interrupted answer's partial text is not one)."""
+    row = tx.one("SELECT content FROM transcript WHERE turn_id = ? AND kind = 'assistant' AND item_id NOT LIKE ?"
+                 " ORDER BY seq DESC LIMIT 1", (turn_id, f"{PARTIAL_PREFIX}%"))
     return None if row is None else str(row["content"])
 
 
@@ -158,3 +167,52 @@ def emit_draft(tx: Tx, session_id: str, work_id: str, request_id: str, text: str
     time); the answer itself is committed with its receipt, never from drafts."""
     shared.emit(tx, "assistant.draft", {"request_id": request_id, "text": text, "full": True}, session_id=session_id,
          work_id=work_id)
+
+
+def partial_answer(tx: Tx, work: Row, turn_id: str, interrupted: str, *, attempt_id: str | None = None) -> int | None:
+    """Keep what an interrupted work request streamed (DESIGN §7): the newest ``assistant.draft`` of the
+    turn's newest work request, when that request has no committed answer, becomes an assistant item
+    ``partial:<request_id>`` with ``meta.interrupted`` (``"restart"``: its attempt died; ``"stopped"``:
+    a person's Stop). Written where the interruption is recorded, before its marker; the stable id makes a
+    repeated recovery (or a stop after a death) add nothing. Repair sends it as partial text plus the
+    interruption marker, with no reasoning state. ``attempt_id``: only that (dead) attempt's requests.
+    The seq, or None (nothing streamed, answered, already kept)."""
+    if attempt_id is not None:
+        req = tx.one("SELECT request_id, created_at FROM requests WHERE attempt_id = ? AND purpose = 'work'"
+                     " ORDER BY created_at DESC LIMIT 1", (attempt_id,))
+    else:
+        req = tx.one("SELECT r.request_id, r.created_at FROM attempts a JOIN requests r ON r.attempt_id = a.attempt_id"
+                     " WHERE a.work_id = ? AND a.turn_id = ? AND r.purpose = 'work' ORDER BY r.created_at DESC LIMIT 1",
+                     (work["work_id"], turn_id))
+    if req is None:
+        return None
+    request_id = str(req["request_id"])
+    if tx.one("SELECT seq FROM transcript WHERE item_id = ? OR item_id = ?",
+              (f"resp:{request_id}", f"{PARTIAL_PREFIX}{request_id}")) is not None:
+        return None  # answered (its answer is in the transcript), or already kept
+    # drafts of this work since the request began: events have no index by work, so the scan is bounded
+    # below by the request's start (a minute early, for a clock step between the two writers)
+    since = _event_seq_at(tx, float(req["created_at"]) - 60.0)
+    row = tx.one("SELECT payload FROM events WHERE seq >= ? AND work_id = ? AND kind = 'assistant.draft'"
+                 " ORDER BY seq DESC LIMIT 1", (since, work["work_id"]))
+    draft = json.loads(row["payload"]) if row is not None else {}
+    if draft.get("request_id") != request_id or not draft.get("text"):
+        return None  # the request streamed nothing durable
+    return append_item(tx, work["session_id"], ItemKind.ASSISTANT, "assistant", str(draft["text"]),
+                       item_id=f"{PARTIAL_PREFIX}{request_id}", work_id=work["work_id"], turn_id=turn_id,
+                       response_id=f"{PARTIAL_PREFIX}{request_id}",
+                       meta={"interrupted": interrupted, "request_id": request_id})
+
+
+def _event_seq_at(tx: Tx, ts: float) -> int:
+    """The first event seq written at or after ``ts``, by bisection over seq (commit-ordered, and each
+    event's ``ts`` taken inside its commit, so they grow together): a few index seeks, never a scan."""
+    lo, hi = 0, shared.last_event_seq(tx) + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        row = tx.one("SELECT ts FROM events WHERE seq >= ? ORDER BY seq LIMIT 1", (mid,))
+        if row is None or float(row["ts"]) >= ts:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -4,6 +4,7 @@ import { Title, Widget } from '@lumino/widgets';
 import { Answer, postGoalsAPI, requestGoalsAPI } from './api';
 import { editGoal, EditOutcome, editPermissions } from './edit';
 import { debounce, sharedEventFeed } from './events';
+import { settleButtons } from './settle';
 import { actionErrorText, alertNode, badge, button, el, replaceKeepingFocus, showAlert } from './views';
 
 /** `GET /api/goals/attention` */
@@ -24,7 +25,7 @@ const KIND_WORDS: Record<IAttentionItem['kind'], string> = {
 };
 
 /** The events after which the inbox reads `GET /attention` again (one read per burst). */
-const RELEVANT = /^(approval\.|work\.(phase|control)|goal\.updated|effect\.state|session\.permissions|recovery\.)/;
+const RELEVANT = /^(approval\.|work\.(phase|control)|goal\.updated|effect\.(state|settled)|session\.permissions|recovery\.)/;
 
 /**
  * One attention inbox: everything across chats that waits for the person (approvals, questions,
@@ -162,8 +163,22 @@ export class AttentionInbox {
           )
         );
         break;
+      case 'settle':
+        if (item.effect_id) {
+          const effectId = item.effect_id;
+          bar.append(
+            settleButtons(item.tool, outcome =>
+              void this._post(`sessions/${encodeURIComponent(item.session_id)}/actions`, {
+                action: 'settle',
+                effect_id: effectId,
+                outcome
+              })
+            )
+          );
+        }
+        break;
       default:
-        break; // answer, settle, open: in the chat itself
+        break; // answer, open: in the chat itself
     }
     bar.append(open);
     row.append(bar);

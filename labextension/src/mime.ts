@@ -16,6 +16,7 @@ import {
 } from './api';
 import { debounce, sharedEventFeed } from './events';
 import { editGoal, EditOutcome } from './edit';
+import { reconciliationLabel, settleButtons } from './settle';
 import {
   actionErrorText,
   alertNode,
@@ -212,15 +213,33 @@ class ChatOutput extends LiveOutput {
     );
     const node = el('div', 'jp-goals-chat', undefined, 'goals-chat');
     node.dataset.workId = this.ids.work_id ?? '';
+    const settled = new Set(items.filter(i => i.kind === 'reconciliation').map(i => i.call_id));
     for (const item of items) {
       const row = el('div', `jp-goals-chat-item jp-goals-chat-${item.kind}`, undefined, 'goals-chat-item');
       row.dataset.kind = item.kind;
       const who = item.kind === 'user' ? 'You' : item.kind === 'assistant' ? 'Assistant' : item.tool || item.kind;
       row.append(el('b', 'jp-goals-chat-who', `${who}: `));
-      const content = item.kind === 'tool_call' ? JSON.stringify(item.arguments ?? {}) : item.content;
+      const content =
+        item.kind === 'tool_call'
+          ? JSON.stringify(item.arguments ?? {})
+          : item.kind === 'reconciliation' && item.meta?.settled
+            ? reconciliationLabel(item)
+            : item.content;
       row.append(el('span', 'jp-goals-chat-text', content.length > 2000 ? `${content.slice(0, 2000)}…` : content));
       if (item.state) {
         row.append(badge(item.state, 'goals-chat-effect-state'));
+      }
+      if (item.kind === 'tool_result' && item.state === 'unknown' && item.call_id && !settled.has(item.call_id)) {
+        const callId = item.call_id;
+        row.append(
+          settleButtons(item.tool, outcome =>
+            void this.act(`sessions/${encodeURIComponent(this.ids.session_id ?? '')}/actions`, {
+              action: 'settle',
+              effect_id: callId,
+              outcome
+            })
+          )
+        );
       }
       node.append(row);
     }

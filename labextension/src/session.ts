@@ -77,6 +77,12 @@ export class SessionView extends Widget {
         void this._act(`sessions/${encodeURIComponent(this.sessionId)}/actions`, {
           action: 'cancel_tool',
           effect_id: callId
+        }),
+      settleCall: (callId, outcome) =>
+        void this._act(`sessions/${encodeURIComponent(this.sessionId)}/actions`, {
+          action: 'settle',
+          effect_id: callId,
+          outcome
         })
     });
     this._approvals = el('section', 'jp-goals-approvals', undefined, 'goals-session-approvals');

@@ -1,4 +1,5 @@
 import { ITranscriptItem } from './api';
+import { reconciliationLabel, settleButtons, SettleOutcome } from './settle';
 import { badge, button, el } from './views';
 
 /** Item kinds the chat shows; `goal_prompt` is a continuation prompt for the model only. */
@@ -22,7 +23,7 @@ export const EFFECT_WORDS: Record<string, string> = {
   dispatched: 'running (dispatched)',
   committed: 'finished, result recorded',
   unknown: 'outcome unknown',
-  reconciled: 'late result reconciled',
+  reconciled: 'outcome reconciled (a late result, or your answer)',
   never_started: 'never started',
   denied: 'denied',
   cancelled: 'cancelled'
@@ -40,6 +41,8 @@ export interface ITranscriptCallbacks {
   loadOlder(): void;
   /** Cancel one running call (`cancel_tool`): it ends `cancelled` and the turn goes on. */
   cancelCall(callId: string): void;
+  /** Say whether a call whose outcome is unknown ran (`settle`), or read its evidence again. */
+  settleCall(callId: string, outcome: SettleOutcome): void;
 }
 
 /**
@@ -299,7 +302,7 @@ export class TranscriptList {
       case 'assistant':
         node.append(el('div', 'jp-goals-item-who', 'Assistant'), text(item.content));
         if (item.meta?.interrupted) {
-          node.append(marker('The response was cut short by an interruption; its partial text is kept.'));
+          node.append(marker(partialWords(item.meta?.interrupted)));
         }
         break;
       case 'tool_call':
@@ -351,6 +354,10 @@ export class TranscriptList {
           'Cancel this running call: its process group is terminated, the call ends cancelled and the turn goes on')
       );
     }
+    if (state === 'unknown' && item.call_id) {
+      const callId = item.call_id;
+      box.append(settleButtons(item.tool, outcome => this._callbacks.settleCall(callId, outcome)));
+    }
     return box;
   }
 
@@ -386,6 +393,17 @@ function text(content: string): HTMLElement {
   return el('div', 'jp-goals-item-text', content);
 }
 
+/** The marker under an answer cut short (`meta.interrupted`: "restart" or "stopped"), its partial text kept. */
+export function partialWords(interrupted: unknown): string {
+  const cause =
+    interrupted === 'stopped'
+      ? 'Stopped by you'
+      : interrupted === 'restart'
+        ? 'Interrupted by a server restart'
+        : 'Interrupted';
+  return `${cause}: the answer was cut short here; its partial text is kept.`;
+}
+
 function marker(words: string): HTMLElement {
   const node = el('div', 'jp-goals-marker', words, 'goals-marker');
   node.setAttribute('role', 'note');
@@ -408,7 +426,7 @@ function result(item: ITranscriptItem): HTMLElement {
   const summary = el('summary', 'jp-goals-result-summary');
   const label =
     item.kind === 'reconciliation'
-      ? `Late result of ${item.tool ?? 'a tool'}, reconciled after a restart`
+      ? reconciliationLabel(item)
       : item.kind === 'subtask_result'
         ? 'Subtask result'
         : `Result of ${item.tool ?? 'a tool'}`;

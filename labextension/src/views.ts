@@ -68,8 +68,8 @@ export function button(
   return node;
 }
 
-/** The controls of a session's action bar (`cancel_tool` is a running call's own button). */
-export type SessionControl = Exclude<ISessionAction['action'], 'cancel_tool'>;
+/** The controls of a session's action bar (`cancel_tool` and `settle` are a call's own buttons). */
+export type SessionControl = Exclude<ISessionAction['action'], 'cancel_tool' | 'settle'>;
 /** The controls of a Goal's action bar. */
 export type GoalControl = IGoalAction['action'];
 

@@ -306,6 +306,27 @@ class HistoryWidget(LiveWidget):
 
 
 CHAT_KINDS = ("user", "assistant", "tool_call", "tool_result", "interruption", "reconciliation", "notice")
+#: a person's answers for a call whose outcome is unknown (``check``: a shell command's exit file read again)
+SETTLE_BUTTONS = (("ran", "It ran"), ("did_not_run", "It did not run"), ("check", "Check again"))
+
+
+def unknown_calls(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The result items of calls whose outcome is still unknown (no reconciliation after them)."""
+    settled = {i.get("call_id") for i in items if i["kind"] == "reconciliation"}
+    return [i for i in items if i["kind"] == "tool_result" and i.get("state") == "unknown"
+            and i.get("call_id") and i["call_id"] not in settled]
+
+
+def settled_note(item: dict[str, Any]) -> str:
+    """Who settled a call's unknown outcome and when (a reconciliation's ``meta``), in words; '' otherwise."""
+    meta = item.get("meta") or {}
+    if item["kind"] != "reconciliation" or not meta.get("by"):
+        return ""
+    try:
+        when = datetime.datetime.fromtimestamp(float(meta["at"])).strftime("%Y-%m-%d %H:%M:%S")
+    except (KeyError, TypeError, ValueError):
+        when = "?"
+    return f" (settled by {meta['by']}, {when})"
 
 
 class ChatWidget(LiveWidget):
@@ -332,7 +353,8 @@ class ChatWidget(LiveWidget):
         rows = []
         for i in self.items:
             who = {"user": "You", "assistant": "Assistant"}.get(i["kind"], str(i.get("tool") or i["kind"]))
-            rows.append(f"<div><b>{escape(who)}:</b> {escape(str(i.get('content') or '')[:2000])}</div>")
+            rows.append(f"<div><b>{escape(who)}:</b> {escape(str(i.get('content') or '')[:2000])}"
+                        f"{escape(settled_note(i))}</div>")
         reason = str(work.get("reason") or "") if current else ""
         self.detail.value = "".join(rows) + (f"<div>{escape(reason)}</div>" if reason else "")
         actions = (snap.get("actions") or {}) if current else {}
@@ -341,9 +363,20 @@ class ChatWidget(LiveWidget):
         def send(action: str) -> Callable[[], Any]:
             return lambda: self.client.action(self.session_id, action, version)
 
+        def settle(call_id: str, outcome: str) -> Callable[[], Any]:
+            return lambda: self.client.settle(self.session_id, call_id, outcome)
+
+        unsettled = [(str(i["call_id"]), str(i.get("tool") or "")) for i in unknown_calls(self.items)]
         self._set_buttons([(a, label, bool(actions.get(flag)), send(a)) for a, label, flag in
                            (("pause", "Pause", "can_pause"), ("resume", "Resume", "can_resume"),
-                            ("stop", "Stop", "can_stop"))], reason)
+                            ("stop", "Stop", "can_stop"))]
+                          + [(f"settle:{call_id}:{outcome}", label, True, settle(call_id, outcome))
+                             for call_id, tool in unsettled for outcome, label in SETTLE_BUTTONS
+                             if outcome != "check" or tool == "shell"], reason)
+        for call_id, tool in unsettled:  # which call each answer is about
+            for outcome, label in SETTLE_BUTTONS:
+                if f"settle:{call_id}:{outcome}" in self.buttons:
+                    self.buttons[f"settle:{call_id}:{outcome}"].tooltip = f"{label}: {tool} ({call_id}), outcome unknown"
 
     def concerns(self, event: dict[str, Any]) -> bool:
         return event.get("work_id") == self.work_id
