@@ -163,3 +163,34 @@ async def test_a_turn_whose_answer_hit_the_output_limit_answers_max_tokens(serve
         assert answer.stop_reason == "end_turn"
     items = server.client().session(sid)["transcript"]["items"]
     assert [i["meta"].get("stop_reason") for i in items if i["kind"] == "assistant"] == ["max_tokens", "end_turn"]
+
+
+@pytest.mark.slow
+async def test_a_call_still_running_replays_in_progress_and_the_snapshot_says_dispatched(
+        servers: ServerFactory) -> None:
+    """A session's snapshot gives each tool call's state now (the item is written ``planned``): a command
+    still running reads ``dispatched``, so a client that loads the session meanwhile shows it in progress."""
+    server = servers.make().start()
+    cl = server.client()
+    sid = cl.create_session(title="running", permissions={"mode": "bypass"})["session_id"]
+    cl.send(sid, "a long one", client_request_id="long-1")
+
+    def running_call() -> dict[str, Any] | None:
+        items = cl.session(sid)["transcript"]["items"]
+        return next((i for i in items if i["kind"] == "tool_call" and i["state"] == "dispatched"), None)
+
+    await asyncio.to_thread(wait_for, lambda: running_call() is not None, 30, "the command running")
+    call = running_call()
+    assert call is not None and call["tool"] == "shell"
+    loaded = Recorder()
+    try:
+        async with in_process(server, loaded) as conn:
+            await conn.initialize(protocol_version=1)
+            await conn.load_session(cwd=str(servers.root), session_id=sid, mcp_servers=[])
+            assert loaded.view()["calls"][call["call_id"]][2] == "in_progress"
+    finally:
+        cl.action(sid, "stop")
+    await asyncio.to_thread(cl.wait, sid, ("cancelled",), 30)
+    stopped = next(i for i in cl.session(sid)["transcript"]["items"] if i["call_id"] == call["call_id"]
+                   and i["kind"] == "tool_call")
+    assert stopped["state"] == "cancelled"  # the call's state now, again

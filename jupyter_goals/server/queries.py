@@ -22,6 +22,7 @@ from jupyter_goals.store import recovery_passes, waits
 from jupyter_goals.store import usage as u
 from jupyter_goals.store.db import Row, Tx
 from jupyter_goals.store.events import EventTail
+from jupyter_goals.store.transcript import with_call_states
 from jupyter_goals.usage import budget as budgets
 
 T = TypeVar("T")
@@ -121,13 +122,15 @@ class Queries:
             work = c.current_work(tx, session_id)
             owner = takeover.owner_of(tx, work, host_name()) if work else None  # another host's work
             goal = goal_store.current_goal(tx, session_id)  # the composer shows the current Goal only
+            page = c.transcript_page(tx, session_id, limit=limit, after=after, before=before)
+            page["items"] = with_call_states(tx, page["items"])  # a running call reads dispatched, not planned
             return {
                 "session": session_view(s),
                 "work": takeover.owner_view(c.work_view(work), owner) if work else None,
                 "goal": goal_lifecycle.view(tx, goal) if goal else None,
                 "todo": goal_store.get_todo(tx, session_id)[0],
                 "approvals": c.list_approvals(tx, "pending", session_id),
-                "transcript": c.transcript_page(tx, session_id, limit=limit, after=after, before=before),
+                "transcript": page,
                 "actions": actions_for(work, owner),
                 "event_seq": c.last_event_seq(tx),
             }

@@ -130,6 +130,20 @@ def transcript_page(tx: Tx, session_id: str, *, limit: int, after: int | None = 
             "prev_cursor": items[0].seq if older else None}
 
 
+def with_call_states(tx: Tx, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each ``tool_call`` item's ``state`` set to its effect's state now (a tool call item is written
+    ``planned``; a view opened while the call runs reads ``dispatched`` here, not from an event it never saw)."""
+    ids = [i["call_id"] for i in items if i.get("kind") == "tool_call" and i.get("call_id")]
+    if not ids:
+        return items
+    states = {r["call_id"]: r["state"] for r in tx.all(
+        f"SELECT call_id, state FROM effects WHERE call_id IN ({', '.join('?' * len(ids))})", ids)}
+    for i in items:
+        if i.get("kind") == "tool_call" and i.get("call_id") in states:
+            i["state"] = states[i["call_id"]]
+    return items
+
+
 def _has_item(tx: Tx, session_id: str, op: str, seq: int) -> bool:
     return tx.one(f"SELECT seq FROM transcript WHERE session_id = ? AND seq {op} ? LIMIT 1", (session_id, seq)) is not None
 

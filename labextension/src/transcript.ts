@@ -329,7 +329,8 @@ export class TranscriptList {
   }
 
   private _call(item: ITranscriptItem): HTMLElement {
-    const state = (item.call_id && this._states.get(item.call_id)) || 'planned';
+    // an event seen since, else the call's state when the page was read (the server sets it on tool calls)
+    const state = (item.call_id && this._states.get(item.call_id)) || item.state || 'planned';
     const box = el('div', 'jp-goals-call');
     const top = el('div', 'jp-goals-call-top');
     top.append(

@@ -87,8 +87,9 @@ def tool_kind(tool: str | None) -> ToolKind:
     return TOOL_KINDS.get(tool or "", "other")
 
 
-def tool_call_start(call_id: str, tool: str | None, arguments: dict[str, Any] | None) -> ToolCallStart:
-    return start_tool_call(call_id, tool_title(tool, arguments), kind=tool_kind(tool), status="pending",
+def tool_call_start(call_id: str, tool: str | None, arguments: dict[str, Any] | None,
+                    status: ToolStatus = "pending") -> ToolCallStart:
+    return start_tool_call(call_id, tool_title(tool, arguments), kind=tool_kind(tool), status=status,
                            raw_input=arguments or {})
 
 
@@ -110,7 +111,9 @@ def item_updates(item: TranscriptItem) -> list[Update]:
     if kind == ItemKind.ASSISTANT:
         return [agent_text(item.item_id, item.content)] if item.content else []
     if kind == ItemKind.TOOL_CALL and item.call_id:
-        return [tool_call_start(item.call_id, item.tool, item.arguments)]
+        # a snapshot gives a call's state now: a call still running replays in_progress
+        running = item.state == EffectState.DISPATCHED
+        return [tool_call_start(item.call_id, item.tool, item.arguments, "in_progress" if running else "pending")]
     if kind in (ItemKind.TOOL_RESULT, ItemKind.RECONCILIATION) and item.call_id:
         state = item.state or (EffectState.RECONCILED if kind == ItemKind.RECONCILIATION else EffectState.COMMITTED)
         return [update_tool_call(item.call_id, status=EFFECT_STATUS.get(state, "completed"),
