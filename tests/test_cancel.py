@@ -227,7 +227,10 @@ def test_stop_while_the_model_answer_streams_closes_the_request_and_settles_it_l
         snap = cl.wait(sid, phases=("cancelled",), timeout=10)
         assert snap["work"]["reason_code"] == "user_stopped"
         items = snap["transcript"]["items"]
-        assert not [i for i in items if i["kind"] == "assistant"]  # a draft is never committed as the answer
+        # the streamed text is kept as a partial answer marked stopped (issue 32 item 5), never as the answer
+        answers = [i for i in items if i["kind"] == "assistant"]
+        assert [(i["item_id"].split(":")[0], i["meta"].get("interrupted")) for i in answers] == [("partial", "stopped")]
+        assert answers[0]["content"].startswith("Thinking")
         assert said_stopped(items)
         [req] = db_rows(env["state"], "SELECT request_id, state, usage_known, error FROM requests")
         assert (req["request_id"], req["state"], req["usage_known"], req["error"]) == (

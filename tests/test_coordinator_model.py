@@ -1447,8 +1447,10 @@ def test_coordinator_model_over_random_histories(model_env: Env) -> None:
     histories = HISTORIES if model_env.backend is None else HISTORIES_PG
     run_state_machine_as_test(
         CoordinatorModel,
+        # PostgreSQL's 150 histories are the fixed set Hypothesis draws under CI (its ci profile derandomizes),
+        # here too, so a local run checks what CI checks; SQLite's 2,000 stay random outside CI
         settings=settings(max_examples=histories, stateful_step_count=STEPS, deadline=None, database=None,
-                          suppress_health_check=list(HealthCheck)),
+                          suppress_health_check=list(HealthCheck), derandomize=model_env.backend is not None),
     )
     assert model_env.count >= histories
     # what the histories did (shown with -s); the model is not vacuous: each kind of event happened
@@ -1473,7 +1475,10 @@ def test_coordinator_model_over_random_histories(model_env: Env) -> None:
         # the events seen 10 times or more per 150 histories (the rarer ones are left to SQLite's 2,000; a
         # consumed approval, 0 to 11 per 150, is played on PostgreSQL every run by
         # test_a_scope_narrowed_while_a_call_waits_to_be_dispatched_makes_it_ask_first[postgresql])
-        for seen in ("unknown outcome", "message repeated", "goal achieved", "subtask done", "receipt counted"):
+        # (a repeated message is left to SQLite's 2,000 and to test_store.py's
+        # test_repeated_client_request_id_returns_the_first_message_and_no_second_work_item[postgresql]: the
+        # fixed PostgreSQL set draws none since this session's rules changed what each history enables)
+        for seen in ("unknown outcome", "goal achieved", "subtask done", "receipt counted"):
             assert COVERED[seen], f"no history had {seen!r}: {COVERED}"
         assert sum(n for k, n in COVERED.items() if k.startswith("crash at ")), COVERED
 
