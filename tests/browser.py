@@ -411,6 +411,15 @@ def session_view(lab: LabPage, session_id: str | None = None) -> Locator:
     return lab.page.locator(selector)
 
 
+def open_session_view(lab: LabPage, session_id: str, timeout_ms: float = 20_000) -> Locator:
+    """Open a session in the main area (the command the panel uses) and wait for its view."""
+    lab.page.evaluate("([sid]) => window.jupyterapp.commands.execute('jupyter-goals:open-session', {session_id: sid})",
+                      [session_id])
+    view = session_view(lab, session_id)
+    view.wait_for(timeout=timeout_ms)
+    return view
+
+
 def new_chat_from_panel(lab: LabPage, title: str, *, mode: str = "ask", allow: str = "", model: str = "") -> str:
     """Click "New chat" in the Goals panel, fill the form, create; returns the new session's id."""
     lab.open_goals_sidebar()

@@ -18,28 +18,20 @@ from .browser import (
     api,
     goals_ready,
     jp_asyncio_loop,  # noqa: F401 - Playwright keeps its own loop (see there)
+    open_session_view,
     require_chromium,
     run_jupyter_lab,
-    session_view,
     wait_until,
 )
 from .servers import write_script
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Locator
+    from playwright.sync_api import Browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 require_chromium()
 
-OPEN = "([sid]) => window.jupyterapp.commands.execute('jupyter-goals:open-session', {session_id: sid})"
-
-
-def open_view(lab: LabPage, session_id: str) -> Locator:
-    lab.page.evaluate(OPEN, [session_id])
-    view = session_view(lab, session_id)
-    view.wait_for(timeout=20_000)
-    return view
 
 
 def known_tokens(server: object, goal_id: str) -> int:
@@ -75,7 +67,7 @@ def test_edit_goal_raises_a_budget_stopped_goals_budget_and_it_runs_again(browse
 
         lab = LabPage.open(browser, server)
         try:
-            view = open_view(lab, sid)
+            view = open_session_view(lab, sid)
             view.get_by_role("button", name="Edit Goal").click()
             dialog = lab.page.get_by_role("dialog")
             assert dialog.get_by_label("Objective").input_value() == "Spend tokens"
@@ -124,7 +116,7 @@ def test_permissions_dialog_revokes_an_always_allowed_tool_and_the_next_call_ask
 
         lab = LabPage.open(browser, server)
         try:
-            view = open_view(lab, sid)
+            view = open_session_view(lab, sid)
             view.get_by_role("button", name="Permissions", exact=True).click()
             dialog = lab.page.get_by_role("dialog")
             assert dialog.get_by_label("Permission mode").input_value() == "ask"

@@ -19,9 +19,9 @@ from .browser import (
     goals_ready,
     item,
     jp_asyncio_loop,  # noqa: F401 - Playwright keeps its own loop (see there)
+    open_session_view,
     require_chromium,
     run_jupyter_lab,
-    session_view,
     transcript,
     wait_until,
 )
@@ -34,7 +34,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 require_chromium()
 
-OPEN = "([sid]) => window.jupyterapp.commands.execute('jupyter-goals:open-session', {session_id: sid})"
 CHUNKS = [f"alpha-{i} " for i in range(60)]
 CUT_TEXT = "alpha-0 alpha-1 alpha-2"
 CONTINUED = "Continued after the cut."
@@ -51,9 +50,7 @@ def test_kill_9_mid_stream_shows_the_partial_answer_with_its_marker(browser: Bro
                                                "permissions": {"mode": "bypass"}})["session_id"]
         lab = LabPage.open(browser, server)
         try:
-            lab.page.evaluate(OPEN, [sid])
-            view = session_view(lab, sid)
-            view.wait_for(timeout=20_000)
+            view = open_session_view(lab, sid)
             lab.page.evaluate("() => { window.__goalsSamePage = true; }")
             api(server, "POST", f"sessions/{sid}/messages", {"text": "stream please", "client_request_id": "m1"})
             draft = view.locator('[data-testid="goals-draft"]')

@@ -24,9 +24,9 @@ from .browser import (
     goals_ready,
     item,
     jp_asyncio_loop,  # noqa: F401 - Playwright keeps its own loop (see there)
+    open_session_view,
     require_chromium,
     run_jupyter_lab,
-    session_view,
     wait_until,
 )
 from .servers import lines, running_shell, write_script
@@ -38,7 +38,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 require_chromium()
 
-OPEN = "([sid]) => window.jupyterapp.commands.execute('jupyter-goals:open-session', {session_id: sid})"
 
 
 def test_settle_an_unknown_outcome_as_it_did_not_run_and_the_next_write_in_bypass_runs_without_approval(
@@ -58,9 +57,7 @@ def test_settle_an_unknown_outcome_as_it_did_not_run_and_the_next_write_in_bypas
                                                "permissions": {"mode": "bypass"}})["session_id"]
         lab = LabPage.open(browser, server)
         try:
-            lab.page.evaluate(OPEN, [sid])
-            view = session_view(lab, sid)
-            view.wait_for(timeout=20_000)
+            view = open_session_view(lab, sid)
             api(server, "POST", f"sessions/{sid}/messages", {"text": "deploy", "client_request_id": "m-1"})
             effect_dir = running_shell(server.state_dir, sid)
 
@@ -76,8 +73,7 @@ def test_settle_an_unknown_outcome_as_it_did_not_run_and_the_next_write_in_bypas
             assert pending["arguments"] == {"command": "echo again >> out.txt"}  # bypass, and yet it asks
             # JupyterLab's own "Server Connection Error" dialog from the kill would cover the page: load it again
             lab.reload()
-            lab.page.evaluate(OPEN, [sid])
-            view.wait_for(timeout=20_000)
+            view = open_session_view(lab, sid)
 
             # the inbox lists the unknown outcome with the same answers
             lab.open_goals_sidebar()
