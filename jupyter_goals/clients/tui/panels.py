@@ -36,11 +36,13 @@ class Following(Screen[None]):
         self.link.connection_listeners.append(self._connection)
         await self.reread()
 
-    def on_unmount(self) -> None:
+    def _on_prune(self) -> None:
+        """Taken down: stop following and cancel the reads under way before the widgets are removed."""
         if self._event in self.link.listeners:
             self.link.listeners.remove(self._event)
         if self._connection in self.link.connection_listeners:
             self.link.connection_listeners.remove(self._connection)
+        self.workers.cancel_node(self)
 
     def wants(self, event: dict[str, Any]) -> bool:
         return True

@@ -59,9 +59,11 @@ class PickerScreen(Screen[None]):
         self.link.connection_listeners.append(self._connection)
         await self.restart()
 
-    def on_unmount(self) -> None:
+    def _on_prune(self) -> None:
+        """Taken down: stop following and cancel the reads under way before the widgets are removed."""
         if self._connection in self.link.connection_listeners:
             self.link.connection_listeners.remove(self._connection)
+        self.workers.cancel_node(self)
 
     async def _connection(self, up: bool) -> None:
         self.show_status()

@@ -111,12 +111,15 @@ class SessionScreen(Screen[None]):
         self.query_one("#composer", Input).focus()
         await self.reload(first=True)
 
-    async def on_unmount(self) -> None:
+    def _on_prune(self) -> None:
+        """Taken down (popped, or the app quits): stop following before the widgets are removed, and cancel
+        the reads under way, so that an answer arriving meanwhile updates nothing that is gone."""
         for registry, fn in ((self.link.listeners, self.on_goals_event),
                              (self.link.connection_listeners, self.on_connection)):
             if fn in registry:
                 registry.remove(fn)  # type: ignore[arg-type]
         self.outbox.changed = lambda: None
+        self.workers.cancel_node(self)
 
     # ------------------------------------------------------------------ reading the server
     async def on_connection(self, up: bool) -> None:
