@@ -288,7 +288,7 @@ async def test_commands_start_a_goal_control_the_work_and_a_load_tells_the_recov
         answer = await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[text_block("hello")]), 30)
         assert answer.stop_reason == "end_turn"
         await asyncio.to_thread(wait_for, lambda: bool(client.usage()), 10, "the usage after the turn")
-        [usage] = client.usage()  # from GET /usage once the ledger has the turn's receipt
+        usage = client.usage()[-1]  # from GET /usage once the ledger has the turn's receipt
         meta = usage.field_meta["jupyter_goals"]
         ledger = cl.usage(sid)
         assert ledger["unknown_usage_requests"] == meta["unknown_usage_requests"] == 1  # the scripted model reports none

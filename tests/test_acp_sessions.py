@@ -117,6 +117,24 @@ async def test_title_and_model_changes_reach_the_client_and_the_model_option_cha
 
 
 @pytest.mark.slow
+async def test_usage_is_told_as_receipts_arrive_also_for_work_no_prompt_waits_on(servers: ServerFactory) -> None:
+    """A message sent from another surface (REST, like a notebook or a Goal running on between prompts) runs
+    a turn no ACP prompt waits on: its receipt reaching the ledger is told as a ``usage_update``."""
+    server = servers.make().start()
+    cl = server.client()
+    client = Recorder()
+    async with in_process(server, client) as conn:
+        await conn.initialize(protocol_version=1)
+        sid = (await conn.new_session(cwd=str(servers.root), mcp_servers=[])).session_id
+        assert not updates(client, "usage_update")
+        cl.send(sid, "hello", client_request_id="from-rest")
+        await asyncio.to_thread(cl.wait, sid)
+        await asyncio.to_thread(wait_for, lambda: bool(updates(client, "usage_update")), 10, "a usage update")
+        usage = updates(client, "usage_update")[-1]
+        assert usage.field_meta["jupyter_goals"]["unknown_usage_requests"] == cl.usage(sid)["unknown_usage_requests"] == 1
+
+
+@pytest.mark.slow
 async def test_resume_asks_again_without_a_replay_and_close_leaves_the_work_running(servers: ServerFactory) -> None:
     server = servers.make().start()
     cl = server.client()

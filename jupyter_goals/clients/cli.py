@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_goals.config import GoalsConfig
-from jupyter_goals.host.wake import ADMISSION, Notifier
+from jupyter_goals.host.wake import ADMISSION, CONTROLS, Notifier
 from jupyter_goals.identity import host_name
 from jupyter_goals.recovery import takeover
 from jupyter_goals.store import control as c
@@ -164,9 +164,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _wake_server(state: Path, control_url: str) -> None:
     """A running server's admission loop (every host's, on PostgreSQL) decides at once about what this
-    command changed."""
+    command changed, and its workers' running calls look for a Stop."""
     notifier = Notifier(state, url=control_url)
     notifier.notify(ADMISSION)
+    notifier.notify(CONTROLS)
     notifier.close()
 
 

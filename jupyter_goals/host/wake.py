@@ -1,9 +1,11 @@
 """Wake-ups after commits that give someone work, so nobody polls the database while idle.
 
-Three channels: ``admission`` (the server's admission loop: a message accepted, a control, an approval
+Four channels: ``admission`` (the server's admission loop: a message accepted, a control, an approval
 decided, a Goal created or changed, an attempt ended, which also covers a child delivering to its
-parent), ``attempts`` (workers: an attempt admitted) and ``events`` (the server's event streams,
-``GET /events``: any committed write of a worker, through :class:`WakingDatabase`). The committer calls ``notify(channel)``
+parent), ``attempts`` (workers: an attempt admitted), ``controls`` (workers' running tool calls: a Stop,
+a Pause or a cancel committed, on this host or, through ``NOTIFY``, on another; :class:`Broadcast` fans a
+worker's one listener out to all its calls) and ``events`` (the server's event streams, ``GET /events``:
+any committed write of a worker, through :class:`WakingDatabase`). The committer calls ``notify(channel)``
 after its commit; a listener waits on its channel with a timeout. A wake-up is a hint and the
 database the truth: the listener then reads what is due, so a lost or repeated wake-up costs at
 most one safety tick or one read, never correctness.
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 
 ADMISSION = "admission"
 ATTEMPTS = "attempts"
+CONTROLS = "controls"
 EVENTS = "events"
 
 _MAX_PATH = 100  # sun_path holds 108 bytes; a longer state dir is reached through /proc/self/fd
@@ -296,6 +299,42 @@ class Listener:
             with contextlib.suppress(OSError):
                 os.unlink(self._dir.path / self.name)
         self._dir.close()
+
+
+class Broadcast:
+    """One listener's wake-ups for many waiters on one loop (a worker's running tool calls, each watching for
+    a Stop of its work): take a ``mark()`` before reading, then ``wait(mark, tick)``; a wake-up after the mark
+    ends the wait of everyone who holds it, so one that arrives during the read is not missed."""
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+        self._next = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.listener.start()
+        self._task = asyncio.get_running_loop().create_task(self._pump(), name=f"jupyter-goals-{self.listener.name}")
+
+    async def _pump(self) -> None:
+        while True:
+            if await self.listener.wait(3600.0):
+                woken, self._next = self._next, asyncio.Event()
+                woken.set()
+
+    def mark(self) -> asyncio.Event:
+        return self._next
+
+    @staticmethod
+    async def wait(mark: asyncio.Event, at_most_s: float) -> None:
+        """Until a wake-up after ``mark`` was taken, or ``at_most_s`` seconds (the safety tick)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(mark.wait(), at_most_s)
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self.listener.close()
 
 
 class WakingDatabase(Database):

@@ -27,6 +27,7 @@ from jupyter_goals.host.effect_files import (
     wait_shell,
 )
 from jupyter_goals.host.secrecy import Redactor
+from jupyter_goals.host.wake import Broadcast
 from jupyter_goals.models import Capability, EffectState, ItemKind, Phase, ReasonCode, StepKind
 from jupyter_goals.runtime.permissions import CallFacts, ReadFence, check_call, read_fence, secret_places
 from jupyter_goals.runtime.steps import Step
@@ -44,7 +45,7 @@ from jupyter_goals.store.db import Database, Row, Tx
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-CANCEL_POLL_S = 0.2  # how often a running tool call checks for a stop or cancel (one indexed read)
+CANCEL_POLL_S = 0.2  # without a worker's controls channel: how often a running call checks for a stop or cancel
 
 
 @functools.lru_cache(maxsize=64)
@@ -60,7 +61,8 @@ class ToolCalls:
     attempt when a control (pause, stop) committed since the step was chosen: the turn loop's own way."""
 
     def __init__(self, db: Database, attempt: Row, config: GoalsConfig, *, cwd: str, registry: ToolRegistry,
-                 redactor: Redactor, on_control: Callable[[Tx, Row], None]) -> None:
+                 redactor: Redactor, on_control: Callable[[Tx, Row], None],
+                 controls: Broadcast | None = None) -> None:
         self.db = db
         self.attempt = attempt
         self.aid: str = attempt["attempt_id"]
@@ -70,6 +72,8 @@ class ToolCalls:
         self.registry = registry
         # credentials never reach the transcript or a provider, whatever a tool printed
         self.redactor = redactor
+        # a Stop or cancel committed anywhere wakes the call's watch (host/wake.py CONTROLS); None: it polls
+        self.controls = controls
         self.on_control = on_control
         self.effects_root = config.state_dir / "effects"
         # true while only waiting for a detached process: a graceful stop may cancel that wait at once
@@ -238,7 +242,8 @@ class ToolCalls:
 
     async def _cancellable(self, eff: Row, waiting: Awaitable[T]) -> tuple[T | None, str | None]:
         """Wait for a running shell call while watching for a stop of its work or a cancel of the call
-        (a durable read every ``CANCEL_POLL_S``). On one, its process group gets SIGTERM, then SIGKILL
+        (a durable read whenever a control is committed, on any host sharing the store, and every
+        ``safety_tick_s`` without one; every ``CANCEL_POLL_S`` without a controls channel). On one, its process group gets SIGTERM, then SIGKILL
         after ``cancel_grace_s``; answers (result, None) or (None, text of the cancelled result)."""
         task: asyncio.Future[T] = asyncio.ensure_future(waiting)
         watch: asyncio.Future[str] = asyncio.ensure_future(self._cancel_cause(eff["effect_id"]))
@@ -262,10 +267,14 @@ class ToolCalls:
 
     async def _cancel_cause(self, effect_id: str) -> str:
         while True:
+            mark = self.controls.mark() if self.controls is not None else None  # before the read: none missed
             cause = await self.db.run(lambda tx: c.cancel_cause(tx, effect_id), write=False)
             if cause is not None:
                 return cause
-            await asyncio.sleep(CANCEL_POLL_S)
+            if mark is None:
+                await asyncio.sleep(CANCEL_POLL_S)
+            else:
+                await Broadcast.wait(mark, self.config.safety_tick_s)
 
     async def _commit_cancelled(self, eff: Row, content: str) -> None:
         clean = self.redactor.redact(content)

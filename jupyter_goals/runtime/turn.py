@@ -23,6 +23,7 @@ from jupyter_goals.goals import hooks as goal_hooks
 from jupyter_goals.goals import lifecycle as goal_lifecycle
 from jupyter_goals.goals import tools as goal_tools
 from jupyter_goals.host.secrecy import Redactor
+from jupyter_goals.host.wake import Broadcast
 from jupyter_goals.models import (
     Capability,
     EffectState,
@@ -110,11 +111,13 @@ class TurnRunner:
 
     def __init__(self, db: Database, attempt: Row, config: GoalsConfig, *, cwd: str,
                  registry: ToolRegistry | None = None, prices: PriceTable | None = None,
-                 redactor: Redactor | None = None, histories: HistoryCache | None = None) -> None:
+                 redactor: Redactor | None = None, histories: HistoryCache | None = None,
+                 controls: Broadcast | None = None) -> None:
         """``config``: the server's configuration (the turn reads its ``state_dir``, ``default_model``,
         ``provider_retry_base_s``, ``tool_env_allow``, ``cancel_grace_s``); ``registry``: default the
         built-ins and ``trusted_tools``; ``prices`` quote each settled request for the hard-budget checks;
-        ``redactor``: default this process's credentials and the server's ``secrets``."""
+        ``redactor``: default this process's credentials and the server's ``secrets``; ``controls``: the
+        worker's wake-ups on a committed Stop or cancel (else a running command's watch polls)."""
         self.config = config
         self.db = db
         self.attempt = attempt
@@ -128,7 +131,7 @@ class TurnRunner:
         # provider-ready histories by session, kept by the worker across steps and attempts
         self.histories = histories if histories is not None else HistoryCache()
         self.calls = ToolCalls(db, attempt, config, cwd=cwd, registry=self.registry, redactor=self.redactor,
-                               on_control=self._yield_to_control)
+                               on_control=self._yield_to_control, controls=controls)
 
     @property
     def awaiting_process(self) -> bool:

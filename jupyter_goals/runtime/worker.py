@@ -20,7 +20,16 @@ import sys
 from jupyter_goals import faults
 from jupyter_goals.config import ConfigError, GoalsConfig
 from jupyter_goals.host.secrecy import Redactor
-from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, EVENTS, Listener, Notifier, WakingDatabase
+from jupyter_goals.host.wake import (
+    ADMISSION,
+    ATTEMPTS,
+    CONTROLS,
+    EVENTS,
+    Broadcast,
+    Listener,
+    Notifier,
+    WakingDatabase,
+)
 from jupyter_goals.identity import ProcessIdentity, host_name
 from jupyter_goals.providers.base import key_file_secrets
 from jupyter_goals.runtime.tools import ToolRegistry
@@ -59,6 +68,8 @@ class Worker:
         # admitted attempts, a stop, a finished task
         self.wakeups = Listener(config.state_dir, ATTEMPTS, worker_id, url=config.control_db_url)
         self.notifier = Notifier(config.state_dir, url=config.control_db_url)
+        # a Stop or cancel committed on any host: its running calls' watches read at once
+        self.controls = Broadcast(Listener(config.state_dir, CONTROLS, worker_id, url=config.control_db_url))
         # each commit's events reach the server's event streams at once (GET /events)
         self.db = WakingDatabase(config.control_db_url, inline=True, after_commit=lambda: self.notifier.notify(EVENTS))
         self.generation = 0
@@ -74,6 +85,7 @@ class Worker:
         )
         log.info("worker %s registered, generation %s", self.worker_id, self.generation)
         self.wakeups.start()  # bound before the first look, so no wake-up is missed
+        self.controls.start()
         beat = asyncio.create_task(self._heartbeat())
         try:
             while not self.stopping.is_set():
@@ -92,6 +104,7 @@ class Worker:
             await self._shutdown()
             beat.cancel()
             self.wakeups.close()
+            self.controls.close()
             self.notifier.close()
 
     def stop(self) -> None:
@@ -111,7 +124,8 @@ class Worker:
 
     def _runner(self, attempt: Row) -> TurnRunner:
         return TurnRunner(self.db, attempt, self.config, cwd=attempt["cwd"], registry=self.registry, prices=self.prices,
-                          redactor=self.redactor.with_secrets(key_file_secrets()), histories=self.histories)
+                          redactor=self.redactor.with_secrets(key_file_secrets()), histories=self.histories,
+                          controls=self.controls)
 
     async def _run_attempt(self, runner: TurnRunner) -> None:
         attempt = runner.attempt

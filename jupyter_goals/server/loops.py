@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from jupyter_goals.config import GoalsConfig
-from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, Listener, Notifier
+from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, CONTROLS, Listener, Notifier
 from jupyter_goals.recovery.coordinator import Coordinator, RecoveryReport
 from jupyter_goals.server.startup import Stores
 from jupyter_goals.store.db import StorageUnavailable
@@ -60,9 +60,11 @@ class Loops:
         self._notifier.close()
 
     def wake(self) -> None:
-        """After a commit in this process that may create work: the admission loop runs now, and on a
-        shared PostgreSQL store every other host's too (an approval or Resume given here for their work)."""
+        """After a commit in this process that may create work or change a control: the admission loop runs
+        now, this host's workers' running calls look for a Stop or cancel, and on a shared PostgreSQL store
+        every other host's too (an approval, Resume or Stop given here for their work)."""
         self._wakeups.wake()
+        self._notifier.notify(CONTROLS)
         if self._shared:
             self._notifier.notify(ADMISSION, exclude=self._name)
 

@@ -348,8 +348,9 @@ class GoalsAgent(Agent):
         task.add_done_callback(self.later.discard)
 
     async def tell_usage(self, feed: SessionFeed, settle_s: float = 5.0) -> None:
-        """``usage_update`` from the ledger after a turn, once its receipts are written (at most
-        ``settle_s`` later: a cost still unsettled then is told as unknown); nothing when unreadable."""
+        """``usage_update`` from the ledger: after a prompt's turn once its receipts are written (at most
+        ``settle_s`` later: a cost still unsettled then is told as unknown), and at once (``settle_s`` 0) when
+        a receipt reaches the ledger while work runs; nothing when unreadable."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settle_s
         try:

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 import httpx
@@ -67,6 +68,10 @@ class FeedHost(Protocol):
 
     async def model_options(self, session_id: str) -> ConfigOptionUpdate | None: ...
 
+    async def tell_usage(self, feed: SessionFeed, settle_s: float = 5.0) -> None: ...
+
+    def in_background(self, work: Awaitable[None]) -> None: ...
+
 
 def withdrawn(call_id: str, kind: str, payload: dict[str, Any]) -> ToolCallProgress:
     """A permission question that no longer counts, said in the call's ``_meta`` (so a replayed conversation
@@ -106,6 +111,8 @@ class SessionFeed:
         self.asking: dict[str, asyncio.Task[None]] = {}  # approval id → its permission request
         self.changed = asyncio.Condition()
         self.tail: asyncio.Task[None] | None = None
+        self.usage_reading = False  # a usage_update being read: a receipt meanwhile reads once more after it
+        self.usage_again = False
         # set once the client knows the session (after session/load has answered): live updates and
         # permission requests wait for it, the replay does not
         self.ready = asyncio.Event()
@@ -243,6 +250,8 @@ class SessionFeed:
             async with self.changed:
                 self.phases[work_id] = str(payload.get("phase"))
                 self.changed.notify_all()
+        elif kind == "usage.updated":  # a receipt reached the ledger, also of work no prompt waits on (a Goal)
+            self.agent.in_background(self.usage_changed())
         elif kind == "session.updated":
             await self.send(session_info(payload))
             if payload.get("model") != self.model:
@@ -250,6 +259,22 @@ class SessionFeed:
                 options = await self.agent.model_options(self.session_id)
                 if options is not None:
                     await self.send(options)
+
+    async def usage_changed(self) -> None:
+        """``usage_update`` with the ledger's totals as receipts arrive, while the work runs (one read at a
+        time; receipts arriving during a read cause one more)."""
+        if self.usage_reading:
+            self.usage_again = True
+            return
+        self.usage_reading = True
+        try:
+            while True:
+                self.usage_again = False
+                await self.agent.tell_usage(self, settle_s=0.0)
+                if not self.usage_again or self.closed:
+                    return
+        finally:
+            self.usage_reading = False
 
     async def catch_up(self) -> None:
         while True:
