@@ -85,9 +85,9 @@ def dialect_of(url: str) -> str:
     return "postgresql" if url.startswith(("postgresql://", "postgres://")) else "sqlite"
 
 
-# libpq options for a connection of its own beside the Database's (wake-ups, ``store/notify.py``): a
-# connect gives up after 5 s, and an idle connection notices a dead server or network within about
-# 25 s (TCP keepalives) and unacknowledged data within 10 s, so a lost connection is seen and redone.
+# libpq options of every PostgreSQL connection (the Database's lanes, wake-ups): a connect gives up after
+# 5 s, and an idle connection notices a dead server or network within about 25 s (TCP keepalives) and
+# unacknowledged data within 10 s, so a lost connection is seen (storage_unavailable) and redone.
 PG_SIDE_OPTIONS: dict[str, Any] = {"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 10,
                                    "keepalives_interval": 5, "keepalives_count": 3, "tcp_user_timeout": 10000}
 
@@ -284,7 +284,7 @@ class Database:
         from psycopg.rows import dict_row
 
         try:
-            return psycopg.connect(self.url, autocommit=True, row_factory=dict_row)  # type: ignore[arg-type]
+            return psycopg.connect(self.url, autocommit=True, row_factory=dict_row, **PG_SIDE_OPTIONS)  # type: ignore[arg-type]
         except psycopg.Error as exc:
             raise StorageUnavailable(f"cannot connect to {self.url}: {exc}") from exc
 
