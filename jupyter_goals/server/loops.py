@@ -1,6 +1,6 @@
 """The server's background loops: admission (the Coordinator's passes, woken by commits) and the usage
 outbox (receipts applied to usage.db, its loss found and rebuilt, the ledger's state published for the
-hard-budget checks). ``Loops.recover`` is the one way a pass runs, so two never overlap.
+hard-budget checks; woken by this host's workers' commits, else once per safety tick while all is well). ``Loops.recover`` is the one way a pass runs, so two never overlap.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from jupyter_goals.config import GoalsConfig
-from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, CONTROLS, Listener, Notifier
+from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, CONTROLS, EVENTS, Listener, Notifier
 from jupyter_goals.recovery.coordinator import Coordinator, RecoveryReport
 from jupyter_goals.server.startup import Stores
 from jupyter_goals.store.db import StorageUnavailable
@@ -34,6 +34,9 @@ class Loops:
         self._name = f"server-{os.getpid()}"
         self._wakeups = Listener(config.state_dir, ADMISSION, self._name, url=config.control_db_url)
         self._notifier = Notifier(config.state_dir, url=config.control_db_url)
+        # the outbox loop wakes when this host's workers commit (a settled request writes its outbox row):
+        # a receipt reaches the ledger at once, and an idle server reads the outbox once per safety tick
+        self._outbox_wakeups = Listener(config.state_dir, EVENTS, f"outbox-{os.getpid()}")
         # a shared PostgreSQL store: a control committed here may concern another host's work
         self._shared = config.control_db_url.startswith("postgresql")
         self._next_due: float | None = None  # wall-clock time of the earliest backoff end seen
@@ -43,6 +46,7 @@ class Loops:
 
     def start(self) -> None:
         self._wakeups.start()
+        self._outbox_wakeups.start()
         self._tasks.append(asyncio.create_task(self._admission_loop()))
         self._tasks.append(asyncio.create_task(self._outbox_loop()))
 
@@ -57,6 +61,7 @@ class Loops:
         except Exception:
             pass
         self._wakeups.close()
+        self._outbox_wakeups.close()
         self._notifier.close()
 
     def wake(self) -> None:
@@ -120,6 +125,7 @@ class Loops:
     async def _outbox_loop(self) -> None:
         stores = self.stores
         while True:
+            applied = 0
             try:
                 await self._watch_ledger(wrote=False)
                 if not stores.usage_ready and time.monotonic() >= stores.usage_retry_at and await stores.migrate_usage():
@@ -132,7 +138,10 @@ class Loops:
             except Exception as exc:
                 stores.usage_degraded = str(exc)
             await self._publish_ledger_state()
-            await asyncio.sleep(0.2)
+            # more may be due, or the ledger is failing (its backoff, its return): look again soon;
+            # else when a worker commits, or after a safety tick (the server's own commits, backoffs)
+            busy = applied > 0 or not stores.usage_ready or stores.usage_degraded is not None
+            await self._outbox_wakeups.wait(0.2 if busy else self.config.safety_tick_s)
 
     async def _watch_ledger(self, wrote: bool) -> None:
         if await self.stores.watch_ledger(wrote):
