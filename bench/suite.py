@@ -143,7 +143,7 @@ def idle(quick: bool, ctx: dict[str, Any]) -> list[Figure]:
     tx = (r.get("idle_write_transactions") or {}).get("per_second")
     rows = [Figure("idle_cpu_pct", "an idle server (2 workers, finished sessions): CPU, % of one core", cpu, "%", None,
                    "", None, "< 0.5 %", cpu < 0.5, "" if cpu < 0.5 else
-                   "the safety-tick and full-pass reads, the outbox loop's read every 200 ms, heartbeats", detail=r)]
+                   "the safety-tick and full-pass reads (the outbox loop's too, once per safety tick since it wakes on commits), heartbeats", detail=r)]
     value = tx if tx is not None else com["control_db"]
     ok = com["other"] is not None and com["other"] <= 0.0 and (tx is None or tx <= com["heartbeats"] * 1.25 + 0.1)
     rows.append(Figure("idle_write_tx_per_s", "idle write transactions/s (WAL write locks; commits if no strace)",
