@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from jupyter_goals.host.effect_files import group_members
+from tests.hostkit import Hosts, one_step_rules, store  # noqa: F401 - the PostgreSQL store fixture
 from tests.servers import ServerFactory, ServerProcess, db_rows, wait_for
-from tests.test_hosts import Hosts, _one_step_rules, store  # noqa: F401 - the PostgreSQL store fixture
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def stop_and_time(server: ServerProcess, sid: str, effect_dir: Path) -> float:
 
 
 def test_a_stop_wakes_the_running_call_on_this_host_without_waiting_for_the_safety_tick(tmp_path: Path) -> None:
-    factory = ServerFactory(tmp_path, rules=_one_step_rules())
+    factory = ServerFactory(tmp_path, rules=one_step_rules())
     try:
         server = factory.make(extra=SLOW_TICK).start()
         cl = server.client()
@@ -63,7 +63,7 @@ def test_a_stop_wakes_the_running_call_on_this_host_without_waiting_for_the_safe
 
 @pytest.mark.postgres
 def test_a_stop_on_another_host_wakes_the_running_call_by_notify(tmp_path: Path, store: tuple[str, str]) -> None:  # noqa: F811
-    hosts = Hosts(tmp_path, store, _one_step_rules(), extra=SLOW_TICK)
+    hosts = Hosts(tmp_path, store, one_step_rules(), extra=SLOW_TICK)
     try:
         a, b = hosts.a.start(), hosts.b.start()
         sid = str(a.client().create_session(title="stop", cwd=str(hosts.root),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +16,15 @@ import pytest
 pytest.importorskip("textual")
 
 from textual.command import CommandList, CommandPalette  # noqa: E402
-from textual.pilot import Pilot  # noqa: E402
-from textual.widgets import DataTable, Static  # noqa: E402
 
-from jupyter_goals.clients.tui.app import GoalsTui  # noqa: E402
 from jupyter_goals.clients.tui.approval import ApprovalScreen  # noqa: E402
 from jupyter_goals.clients.tui.keys import SCREENS, HelpScreen, key_rows  # noqa: E402
-from jupyter_goals.clients.tui.link import UNREACHABLE, ServerLink  # noqa: E402
+from jupyter_goals.clients.tui.link import UNREACHABLE  # noqa: E402
 from jupyter_goals.clients.tui.panels import AttentionScreen, GoalScreen, RecordScreen  # noqa: E402
 from jupyter_goals.clients.tui.picker import PICKER_PAGE, PickerScreen  # noqa: E402
 from jupyter_goals.clients.tui.session import SessionScreen  # noqa: E402
 from jupyter_goals.testing import ServerFactory, ServerProcess, wait_for  # noqa: E402
-
-SIZE = (80, 24)
+from tests.tuikit import SIZE, shown, tui, until  # noqa: E402
 
 RULES: list[dict[str, Any]] = [
     {"when": {"last_tool_result_contains": "denied by the user"}, "respond": {"text": "Understood, not done."}},
@@ -58,28 +54,6 @@ def servers(tmp_path: Path) -> Iterator[ServerFactory]:
 @pytest.fixture
 def server(servers: ServerFactory) -> ServerProcess:
     return servers.make().start()
-
-
-def tui(server: ServerProcess, **kw: Any) -> GoalsTui:
-    return GoalsTui(ServerLink(server.url, server.token), **kw)
-
-
-def shown(app: GoalsTui) -> str:
-    """The words on the top screen (every Static and table cell), as a person reads them."""
-    parts = [str(w.content) for w in app.screen.query(Static)]
-    for table in app.screen.query(DataTable):
-        parts += [" ".join(str(c) for c in table.get_row_at(i)) for i in range(table.row_count)]
-    return "\n".join(parts)
-
-
-async def until(pilot: Pilot[Any], cond: Callable[[], bool], what: str, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        await pilot.pause(0.05)
-    stack = [type(s).__name__ for s in pilot.app.screen_stack]
-    raise TimeoutError(f"{what}; screens {stack}; the screen shows:\n{shown(pilot.app)}")  # type: ignore[arg-type]
 
 
 def pending(server: ServerProcess) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from jupyter_goals.clients.tui.keys import GoalsCommands, HelpScreen
 from jupyter_goals.clients.tui.link import UNREACHABLE, ServerLink
 from jupyter_goals.clients.tui.panels import AttentionScreen
 from jupyter_goals.clients.tui.picker import PickerScreen
+from jupyter_goals.clients.tui.quit import QuitScreen
 from jupyter_goals.clients.tui.session import SessionScreen
 
 START_RETRY_S = 1.0
@@ -34,7 +35,7 @@ class GoalsTui(App[None]):
         Binding("f1", "help", "Help", tooltip="this list of keys"),
         Binding("f9,ctrl+l", "attention", "Attention", tooltip="everything across sessions waiting for you"),
         Binding("ctrl+o", "sessions", "Sessions", show=False, tooltip="the session picker"),
-        Binding("ctrl+q", "quit", "Quit", tooltip="quit (the work goes on in the server)"),
+        Binding("ctrl+q", "quit", "Quit", tooltip="quit; the work goes on (asks if a message is unsent)"),
     ]
     COMMANDS = App.COMMANDS | {GoalsCommands}
 
@@ -98,6 +99,18 @@ class GoalsTui(App[None]):
     async def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             await self.push_screen(HelpScreen(list(self.BINDINGS)))
+
+    async def action_quit(self) -> None:
+        """Quit (ctrl+q, the palette); while typed messages are not sent, ask first: they would be lost."""
+        unsent = self.link.unsent()
+        if not unsent:
+            self.exit()
+        elif not isinstance(self.screen, QuitScreen):
+            await self.push_screen(QuitScreen(unsent), self._quit_answered)
+
+    def _quit_answered(self, quit_anyway: bool | None) -> None:
+        if quit_anyway:
+            self.exit()
 
     async def on_unmount(self) -> None:
         await self.link.close()

@@ -16,7 +16,9 @@ from textual.widgets import Footer, Static
 
 from jupyter_goals.clients.tui.approval import ApprovalScreen
 from jupyter_goals.clients.tui.panels import AttentionScreen, GoalScreen, RecordScreen
+from jupyter_goals.clients.tui.permissions import ModelScreen, PermissionsScreen
 from jupyter_goals.clients.tui.picker import PickerScreen
+from jupyter_goals.clients.tui.quit import QuitScreen
 from jupyter_goals.clients.tui.render import GOAL_ACTIONS, SESSION_ACTIONS, not_allowed
 from jupyter_goals.clients.tui.session import SessionScreen
 
@@ -28,6 +30,9 @@ SCREENS: tuple[tuple[str, Any], ...] = (
     ("Goal panel", GoalScreen),
     ("Ended Goal (read-only)", RecordScreen),
     ("Attention list", AttentionScreen),
+    ("Permissions and model", PermissionsScreen),
+    ("Model picker", ModelScreen),
+    ("Quit while messages are not sent (modal)", QuitScreen),
 )
 COMPOSER_KEYS = (("enter", "send the message; /goal <objective> starts a Goal"),
                  ("ctrl+a ctrl+e", "message box: start, end"),
@@ -102,6 +107,8 @@ class GoalsCommands(Provider):
                 out.append((f"{label} Goal", f"{key.upper()}{why}", screen.later(screen.action_goal_action, action)))
             out.append(("Goal panel", "F8", screen.later(screen.action_goal_panel)))
             out.append(("Queue / steer", "ctrl+t", screen.action_toggle_delivery))
+            out.append(("Permissions", "F10: mode, allow rules, model", screen.later(screen.action_permissions)))
+            out.append(("Model", "choose the session's model", screen.later(screen.action_models)))
         return out
 
     async def discover(self) -> Hits:

@@ -55,6 +55,10 @@ class ServerLink:
             self.outboxes[session_id] = Outbox(self, session_id)
         return self.outboxes[session_id]
 
+    def unsent(self) -> int:
+        """How many typed messages the server has not acknowledged (lost if the TUI quits now)."""
+        return sum(len(outbox.unsent()) for outbox in self.outboxes.values())
+
     async def open(self) -> None:
         """Find the server (``find_server``: arguments, environment, runtime files) and start following."""
         self.rest = await asyncio.to_thread(AsyncGoalsClient, self.url, self.token, 30.0, 2.0)
@@ -236,6 +240,10 @@ class Outbox:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.woken.wait(), delay)
             delay = min(delay * 2, 10.0)
+
+    def unsent(self) -> list[OutMessage]:
+        """The messages the server has not acknowledged: still being sent, or refused."""
+        return [m for m in self.messages if m.answer is None]
 
     def settle(self, item_ids: set[str]) -> None:
         """Drop the messages the transcript now holds."""

@@ -17,6 +17,7 @@ HIDDEN = frozenset({ItemKind.GOAL_PROMPT.value, ItemKind.COMPACTION.value})
 # effect states a live event may move a call's badge to before its result item exists
 OPEN_STATES = (EffectState.PLANNED.value, EffectState.DISPATCHED.value)
 RESULT_PREVIEW = 6  # lines of a tool result shown collapsed
+FOLDER_WIDTH = 16  # the picker's folder column (title, state, folder and time fit in 80 columns)
 
 # the session actions: (action, key, label, the ``actions`` flag that allows it)
 SESSION_ACTIONS: tuple[tuple[str, str, str, str], ...] = (
@@ -190,7 +191,12 @@ def session_row(summary: dict[str, Any]) -> tuple[str, str, str, str]:
     goal = summary.get("goal")
     state = str(summary.get("state") or "idle") + (f" / Goal {goal.get('state')}" if goal else "")
     when = time.strftime("%m-%d %H:%M", time.localtime(float(summary.get("activity_at") or 0)))
-    return (str(summary.get("title") or "(untitled)"), state, str(summary.get("cwd") or ""), when)
+    return (str(summary.get("title") or "(untitled)"), state, folder_tail(str(summary.get("cwd") or "")), when)
+
+
+def folder_tail(path: str, width: int = FOLDER_WIDTH) -> str:
+    """A folder cut to its last characters (``…/project/notebooks``): the end names it, and 80 columns hold it."""
+    return path if len(path) <= width else "…" + path[-(width - 1):]
 
 
 # what the person does about each kind of GET /attention item, in keys and words
@@ -211,3 +217,59 @@ def attention_rows(items: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
             what = f"{str(item.get('kind')).replace('_', ' ')}: {title}: {item.get('reason')}"
         rows.append((sid, what, ATTENTION_ACTIONS.get(str(item.get("action")), "open it")))
     return rows
+
+
+def unsent_question(count: int) -> str:
+    """The question asked at quit while messages wait in the outbox."""
+    return f"{count} message{'' if count == 1 else 's'} not sent: quit anyway? y/n"
+
+
+# what each permission mode means, in the words the permissions screen shows
+MODE_TEXT = {"ask": "ask (built-in reads in the chat's folder run; any other call asks unless a rule allows it)",
+             "bypass": "bypass (nothing asks, except after an unknown outcome)"}
+
+
+def model_name(name: str) -> str:
+    """A model as a person reads it: a script's path is cut to its file name (``scripted: demo.json``)."""
+    if name.startswith("scripted:"):
+        return "scripted: " + name.removeprefix("scripted:").rsplit("/", 1)[-1]
+    return name
+
+
+def rule_row(rule: str | dict[str, Any]) -> tuple[str, str]:
+    """An allow rule as ``(tool, what it lets run without asking)``."""
+    if isinstance(rule, str):
+        return rule, f"every {rule} call"
+    tool, path = str(rule.get("tool")), rule.get("path")
+    return tool, f"{tool} calls on a path in {path}" if path else f"every {tool} call"
+
+
+def permissions_text(session: dict[str, Any]) -> str:
+    """The head of the permissions screen: the mode, the model, the added folders."""
+    perms = session.get("permissions") or {}
+    mode = str(perms.get("mode") or "ask")
+    folders = ", ".join(str(f) for f in perms.get("folders") or []) or "none"
+    return "\n".join([f"Permissions and model of: {session.get('title') or session.get('session_id')}",
+                      f"Mode: {MODE_TEXT.get(mode, mode)}",
+                      f"Model: {model_name(str(session.get('model') or ''))} (a new model applies from the next turn)",
+                      f"Added folders: {folders}",
+                      "Allow rules (d revokes the highlighted one: its tool asks again):"])
+
+
+def model_row(info: dict[str, Any], current: str) -> tuple[str, str]:
+    """A model picker row: its name, and in words whether it is in use, the default, and whether the
+    server has its credentials."""
+    name = str(info.get("name"))
+    notes = []
+    if current in (name, f"{info.get('provider')}:{info.get('model')}"):
+        notes.append("in use")
+    if info.get("default"):
+        notes.append("default")
+    notes.append("has credentials" if info.get("credentials_present") else "no credentials: cannot answer yet")
+    return model_name(name), ", ".join(notes)
+
+
+def model_about(info: dict[str, Any]) -> str:
+    """The line under the model picker: the highlighted model's ``provider:model`` and description."""
+    about = model_name(f"{info.get('provider')}:{info.get('model')}")
+    return f"{about}: {info['description']}" if info.get("description") else about

@@ -62,8 +62,9 @@ class SessionScreen(Screen[None]):
         Binding("f6", "goal_action('verify')", "Verify", tooltip="Verify the Goal now"),
         Binding("f7", "goal_action('end')", "End Goal", tooltip="End the Goal"),
         Binding("f8,ctrl+g", "goal_panel", "Goal", tooltip="the Goal panel: requirements, Todo, ended Goals"),
+        Binding("f10,ctrl+s", "permissions", "Permissions", tooltip="permissions (mode, allow rules) and model"),
         Binding("ctrl+t", "toggle_delivery", "Queue/steer",
-                tooltip="while a turn runs: queue messages after it, or steer it"),
+                tooltip="while a turn runs: queue after it, or steer it"),
         Binding("ctrl+b", "older", "Older page", show=False, tooltip="read the older transcript page"),
         Binding("ctrl+y", "expand", "Expand results", show=False, tooltip="expand or cut long tool results"),
         Binding("ctrl+r", "reload", "Re-read", show=False, tooltip="read the session again"),
@@ -279,7 +280,7 @@ class SessionScreen(Screen[None]):
                 self.asking.close("gone")
             return
         waiting = [a for a in pending if str(a["approval_id"]) not in self.declined]
-        if not waiting or not self.is_current:
+        if not waiting or self.app.screen is not self:  # not over another screen (is_current counts the one below)
             return
         self.asking = ApprovalScreen(self.link, waiting[0])
         self.app.push_screen(self.asking, self._answered)
@@ -370,6 +371,17 @@ class SessionScreen(Screen[None]):
         from jupyter_goals.clients.tui.panels import GoalScreen
 
         await self.app.push_screen(GoalScreen(self.link, self.session_id))
+
+    async def action_permissions(self) -> None:
+        from jupyter_goals.clients.tui.permissions import PermissionsScreen
+
+        await self.app.push_screen(PermissionsScreen(self.link, self.session_id))
+
+    async def action_models(self) -> None:
+        from jupyter_goals.clients.tui.permissions import ModelScreen
+
+        model = str((self.state.snap.get("session") or {}).get("model") or "")
+        await self.app.push_screen(ModelScreen(self.link, self.session_id, model))
 
     def later(self, action: Callable[..., Awaitable[None]], *args: Any) -> Callable[[], None]:
         """A palette command: run the action as a worker of this screen."""
