@@ -133,6 +133,7 @@ from jupyter_goals.identity import boot_id, host_name, process_start_time
 from jupyter_goals.models import TERMINAL_GOAL_STATES, ReasonCode, Requirement
 from jupyter_goals.recovery import coordinator as coordinator_module
 from jupyter_goals.recovery.coordinator import Coordinator
+from jupyter_goals.recovery.facts import load_facts
 from jupyter_goals.runtime import calls as calls_module
 from jupyter_goals.runtime import tools as tools_module
 from jupyter_goals.runtime import turn as turn_module
@@ -1175,6 +1176,7 @@ class CoordinatorModel(RuleBasedStateMachine):
             if seq == before.event_seq and self.runs()[0] == before.log_size and not self.ledger_moved:
                 return  # nothing was committed and nothing ran: the state the last check passed is unchanged
         now = self.snapshot()
+        self.a_pass_reads_the_facts_each_item_reads_alone()
         self.at_most_one_owner(now)
         self.no_effect_executed_twice_and_no_unknown_rerun(now)
         self.approvals_consumed_once_and_only_when_approved(now)
@@ -1186,6 +1188,24 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.usage_counted_once_per_receipt()
         self.commands_end_with_their_work(now)
         self.last = now
+
+    def a_pass_reads_the_facts_each_item_reads_alone(self) -> None:
+        """An admission pass reads the facts of all its work items together (``recovery_store.pass_reads``):
+        for every unfinished item they are the facts it reads alone, whatever state the steps left."""
+        coord = self.coordinator
+
+        def compare(tx: Tx) -> None:
+            at = time.time()
+            reads = recovery_store.pass_reads(tx, coord.host)
+            for work in recovery_store.unfinished_work(tx, coord.host):
+                session = c.get_session(tx, work["session_id"])
+                assert reads.sessions[work["session_id"]] == session
+                assert (work["work_id"] in reads.recovery_pending) == recovery_store.recovery_pending(tx, work["work_id"])
+                each = [load_facts(tx, work, session, config=coord.config, registry=coord.registry, prices=coord.prices,
+                                   host_name=coord.host, now=at, models={}, reads=r) for r in (None, reads)]
+                assert each[0] == each[1], (work["work_id"], each)
+
+        self.tx(compare, write=False)
 
     def usage_counted_once_per_receipt(self) -> None:
         """usage.db holds each provider answer's receipt at most once, with the tokens control.db recorded

@@ -318,12 +318,13 @@ class Coordinator:
     def _facts(
         self, tx: Tx, work: Row, session: Row, now: float, models: dict[str, ReasonCode | None],
         dead_workers: frozenset[str] = frozenset(), pending_approvals: set[str] | None = None,
+        reads: rs.PassReads | None = None,
     ) -> RecoveryFacts:
         """One work item's facts (``recovery/facts.py``); its budget problem and revoked-permission
         sentence are kept for this pass's sentences."""
         found = load_facts(tx, work, session, config=self.config, registry=self.registry, prices=self.prices,
                            host_name=self.me.host_name, now=now, models=models, dead_workers=dead_workers,
-                           pending_approvals=pending_approvals)
+                           pending_approvals=pending_approvals, reads=reads)
         if found.revoked is not None:
             self._revoked[work["work_id"]] = found.revoked
         if found.held is not None:
@@ -343,16 +344,18 @@ class Coordinator:
         # kill, a death not yet confirmed) holds its session whatever became of its work item
         busy: set[str] = rs.sessions_with_live_attempts(tx)
         pending = rs.works_with_pending_approval(tx)  # one read for the pass, not one per work item
+        reads = rs.pass_reads(tx, self.host)  # and the rest of the facts of all items, in a few statements
+        sessions.update(reads.sessions)
         for work in rows:
             sid = work["session_id"]
             session = sessions.get(sid) or c.get_session(tx, sid)
             sessions[sid] = session
             if work["phase"] == Phase.FAILED and work["desired_state"] == DesiredState.RUN:
                 continue  # a persistent fault keeps its record until Retry / Pause / End
-            if rs.recovery_pending(tx, work["work_id"]):
+            if work["work_id"] in reads.recovery_pending:
                 busy.add(sid)  # its recovery is not decided yet: recover() handles it first
                 continue
-            facts = self._facts(tx, work, session, now, models, pending_approvals=pending)
+            facts = self._facts(tx, work, session, now, models, pending_approvals=pending, reads=reads)
             d = decide(facts)
             report.decisions[work["work_id"]] = f"{d.action}:{d.reason_code}"
             if facts.retry_at > now:  # a backoff ends then: no commit announces it

@@ -5,6 +5,7 @@ model, tools and deaths. Loading reads only; ``decide()`` (pure) chooses, the Co
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -46,16 +47,18 @@ class WorkFacts:
 def load_facts(
     tx: Tx, work: Row, session: Row, *, config: GoalsConfig, registry: ToolLookup, prices: PriceTable | None,
     host_name: str, now: float, models: dict[str, ReasonCode | None], dead_workers: frozenset[str] = frozenset(),
-    pending_approvals: set[str] | None = None,
+    pending_approvals: set[str] | None = None, reads: rs.PassReads | None = None,
 ) -> WorkFacts:
     """Load one work item's facts. ``models`` caches model checks for one pass (a scripted model
     check parses its file; a pass may run many times a second while work arrives); ``dead_workers``:
     the deaths a pass would confirm (``recover --explain``); ``pending_approvals``: the work ids with a
-    pending approval when the pass read them all at once (``rs.works_with_pending_approval``)."""
+    pending approval when the pass read them all at once (``rs.works_with_pending_approval``); ``reads``: the
+    rest of what an admission pass read at once for all its work items (``rs.pass_reads``), else read here."""
     model = session["model"] or config.default_model
     if model not in models:
         models[model] = check_model(model)
-    live = rs.live_attempts_of(tx, work["work_id"])
+    wid = work["work_id"]
+    live = reads.live.get(wid, []) if reads is not None else rs.live_attempts_of(tx, wid)
     owner = Owner.NONE
     died = any(a["worker_id"] in dead_workers for a in live)  # explain: deaths a pass would confirm
     for a in live:
@@ -65,19 +68,21 @@ def load_facts(
             owner = Owner.UNREACHABLE
         else:
             owner = Owner.LIVE
-    turn = c.open_turn(tx, work)
+    turn = reads.open_turns.get(wid) if reads is not None else c.open_turn(tx, work)
     changed: list[str] = []
     if turn is not None:
-        for eff in rs.planned_tool_digests(tx, turn["turn_id"]):
+        planned = (reads.planned.get(turn["turn_id"], []) if reads is not None
+                   else rs.planned_tool_digests(tx, turn["turn_id"]))
+        for eff in planned:
             spec = registry.get(eff["tool"])
             if spec is not None and eff["impl_digest"] and spec.digest != eff["impl_digest"]:
                 changed.append(eff["tool"])
-    latest = rs.latest_attempt(tx, work["work_id"])
+    latest = reads.latest.get(wid) if reads is not None else rs.latest_attempt(tx, wid)
     interrupted = died or (latest is not None and latest["state"] == "dead"
                            and int(latest["control_version"]) == int(work["control_version"]))
     pending = (work["work_id"] in pending_approvals if pending_approvals is not None
                else rs.has_pending_approval(tx, work["work_id"]))
-    open_waits = waits.open_wait_count(tx, work["work_id"])
+    open_waits = reads.open_waits.get(wid, 0) if reads is not None else waits.open_wait_count(tx, wid)
     revoked = revoked_permissions(tx, work, session)
     # hard budgets are rechecked before every admission, recovery included (never a default limit)
     held = budget.admission_problem(tx, work, model, prices, now)
@@ -101,7 +106,8 @@ def load_facts(
         retry_at=float(work["next_attempt_at"] or 0),
         now=now,
         has_open_turn=turn is not None,
-        unknown_effects=tuple(u["call_id"] for u in c.unknown_effects(tx, work["work_id"])),
+        unknown_effects=tuple(u["call_id"] for u in (reads.unknown.get(wid, []) if reads is not None
+                                                     else c.unknown_effects(tx, wid))),
     )
     return WorkFacts(facts, held=held, revoked=revoked)
 
@@ -110,7 +116,7 @@ def revoked_permissions(tx: Tx, work: Row, session: Row) -> str | None:
     """The sentence for people when the scope this work runs with grants more than an authority it
     derives from allows now: its session, the chat that started it (a Job, or a subtask of one) or
     its parent (a subtask). The work waits; nothing is widened or narrowed by itself."""
-    saved = json.loads(work["permission_scope"] or "{}")
+    saved = _scope(work["permission_scope"] or "{}")
     authorities: list[tuple[str, dict[str, Any]]] = [("this session", session["permissions"])]
     if work["job_id"]:
         caller = c.get_session(tx, waits.get_job(tx, work["job_id"])["caller_session_id"])
@@ -124,6 +130,14 @@ def revoked_permissions(tx: Tx, work: Row, session: Row) -> str | None:
                     f"{', '.join(lost)}. Grant them again and the work continues by itself; or set this"
                     " session's permissions to the narrower ones, or End it.")
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _scope(text: str) -> dict[str, Any]:
+    """A work item's saved permission scope, parsed once per distinct text (a pass meets the same few texts
+    for all its items). Shared: read it, never change it."""
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
 
 
 def scope_lost(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -7,7 +7,9 @@ one ``recovery_decisions`` row keyed ``recover:<attempt_id>`` (``claimed`` → `
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_goals.models import Phase, ReasonCode
@@ -178,8 +180,8 @@ def live_attempts_of(tx: Tx, work_id: str) -> list[Row]:
     """A work item's admitted or running attempts, with their worker's host and lease."""
     return tx.all(
         "SELECT a.*, w.host_name AS w_host, w.lease_expires_at AS w_lease FROM attempts a"
-        " LEFT JOIN workers w ON a.worker_id = w.worker_id WHERE a.work_id = ? AND a.state IN ('admitted', 'running')",
-        (work_id,),
+        " LEFT JOIN workers w ON a.worker_id = w.worker_id WHERE a.work_id = ? AND a.state IN ('admitted', 'running')"
+        " ORDER BY a.admitted_at", (work_id,),
     )
 
 
@@ -213,3 +215,72 @@ def pause_work(tx: Tx, work: Row) -> None:
     """``desired_state = paused`` without a control bump (automatic recovery is disabled)."""
     tx.execute("UPDATE work_items SET desired_state = 'paused' WHERE work_id = ?", (work["work_id"],))
     work["desired_state"] = "paused"
+
+
+# --------------------------------------------------------------------------- one admission pass's reads
+
+
+@dataclass
+class PassReads:
+    """What an admission pass reads about all the unfinished work of a host, in a few statements instead of
+    about ten per work item (``recovery/facts.load_facts`` takes it; issue 33: a pass over 1,000 items).
+    Each field answers what the per-item read of the same name answers."""
+
+    sessions: dict[str, Row] = field(default_factory=dict)  # session_id → session (permissions parsed)
+    live: dict[str, list[Row]] = field(default_factory=dict)  # live_attempts_of
+    latest: dict[str, Row] = field(default_factory=dict)  # latest_attempt
+    open_turns: dict[str, Row] = field(default_factory=dict)  # c.open_turn
+    planned: dict[str, list[Row]] = field(default_factory=dict)  # planned_tool_digests, by turn
+    open_waits: dict[str, int] = field(default_factory=dict)  # waits.open_wait_count
+    unknown: dict[str, list[Row]] = field(default_factory=dict)  # c.unknown_effects
+    recovery_pending: set[str] = field(default_factory=set)  # recovery_pending
+
+
+_UNFINISHED = "SELECT work_id FROM work_items WHERE phase NOT IN ('done', 'cancelled')"
+
+
+def pass_reads(tx: Tx, host: str | None = None) -> PassReads:
+    """The reads of one admission pass over ``host``'s unfinished work (``unfinished_work``), together."""
+    mine = _UNFINISHED + _of_host("work_items", host)
+    p = _host_param(host)
+    reads = PassReads()
+    for s in tx.all("SELECT * FROM sessions WHERE session_id IN (SELECT session_id FROM work_items"
+                    " WHERE phase NOT IN ('done', 'cancelled')" + _of_host("work_items", host) + ")", p):
+        s["permissions"] = json.loads(s["permissions"])
+        reads.sessions[s["session_id"]] = s
+    for a in tx.all("SELECT a.*, w.host_name AS w_host, w.lease_expires_at AS w_lease FROM attempts a"
+                    " LEFT JOIN workers w ON a.worker_id = w.worker_id WHERE a.state IN ('admitted', 'running')"
+                    " ORDER BY a.admitted_at"):
+        reads.live.setdefault(a["work_id"], []).append(a)
+    for a in tx.all(f"SELECT work_id, state, control_version, admitted_at FROM attempts WHERE work_id IN ({mine})"
+                    " ORDER BY admitted_at", p):
+        reads.latest[a["work_id"]] = a  # the newest wins
+    for t in tx.all("SELECT * FROM turns WHERE state = 'running' ORDER BY started_at"):
+        reads.open_turns[t["work_id"]] = t  # the newest wins
+    for e in tx.all("SELECT turn_id, tool, impl_digest FROM effects WHERE state = 'planned' AND turn_id IN"
+                    " (SELECT turn_id FROM turns WHERE state = 'running')"):
+        reads.planned.setdefault(e["turn_id"], []).append(e)
+    for w in tx.all("SELECT work_id, COUNT(*) AS n FROM waits WHERE state = 'waiting' GROUP BY work_id"):
+        reads.open_waits[w["work_id"]] = int(w["n"])
+    reads.recovery_pending = {str(r["work_id"]) for r in tx.all(
+        "SELECT DISTINCT a.work_id FROM attempts a LEFT JOIN recovery_decisions d"
+        " ON d.decision_key = 'recover:' || a.attempt_id WHERE a.state = 'dead'"
+        f" AND (d.state IS NULL OR d.state = 'claimed') AND a.work_id IN ({mine})", p)}
+    # an unknown outcome counts for its own work item, its parent (a subtask's) and the caller of its Job
+    # (effects.UNKNOWN_EFFECTS_SQL, per work item); unknown outcomes are few (a partial index holds them)
+    unknown = tx.all("SELECT effect_id, call_id, tool, arguments, capability, work_id FROM effects"
+                     " WHERE state = 'unknown' AND capability NOT IN ('read_only', 'state_probe') ORDER BY seq")
+    if unknown:
+        owners: dict[str, set[str]] = {str(e["work_id"]): {str(e["work_id"])} for e in unknown}
+        marks = ", ".join("?" for _ in owners)
+        for r in tx.all(f"SELECT work_id, parent_work_id FROM work_items WHERE work_id IN ({marks})"
+                        " AND parent_work_id IS NOT NULL", tuple(owners)):
+            owners[str(r["work_id"])].add(str(r["parent_work_id"]))
+        for r in tx.all(f"SELECT work_id, caller_work_id FROM jobs WHERE work_id IN ({marks})"
+                        " AND caller_work_id IS NOT NULL", tuple(owners)):
+            owners[str(r["work_id"])].add(str(r["caller_work_id"]))
+        for e in unknown:
+            row = {k: e[k] for k in ("effect_id", "call_id", "tool", "arguments", "capability")}
+            for owner in owners[str(e["work_id"])]:
+                reads.unknown.setdefault(owner, []).append(row)
+    return reads
