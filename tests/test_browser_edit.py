@@ -102,7 +102,7 @@ def test_edit_goal_raises_a_budget_stopped_goals_budget_and_it_runs_again(browse
 
 def test_permissions_dialog_revokes_an_always_allowed_tool_and_the_next_call_asks(browser: Browser, tmp_path: Path) -> None:
     """An ask chat with write_file always allowed writes without asking; the person opens Permissions from
-    the chat header, revokes write_file and saves; the next write waits for an approval."""
+    the chat header and presses Revoke write_file (saved at once); the next write waits for an approval."""
     model = write_script(tmp_path / "write.json", [
         {"when": {"last_tool_result_contains": ""}, "respond": {"text": "written"}},
     ], default={"tool_calls": [{"name": "write_file", "arguments": {"path": "w.txt", "content": "x"}}]})
@@ -120,8 +120,10 @@ def test_permissions_dialog_revokes_an_always_allowed_tool_and_the_next_call_ask
             view.get_by_role("button", name="Permissions", exact=True).click()
             dialog = lab.page.get_by_role("dialog")
             assert dialog.get_by_label("Permission mode").input_value() == "ask"
-            dialog.get_by_role("checkbox", name="Revoke write_file").check()
-            dialog.get_by_role("button", name="Save permissions").click()
+            dialog.get_by_role("button", name="Revoke write_file").click()  # saved at once
+            dialog.locator('[data-testid="goals-permissions-status"]').filter(
+                has_text="Revoked write_file").wait_for(timeout=10_000)
+            dialog.get_by_role("button", name="Save permissions").click()  # nothing else changed: nothing sent
             wait_until(lambda: api(server, "GET", f"sessions/{sid}")["session"]["permissions"]["allow"] == [],
                        "the rule revoked")
             view.locator('[data-testid="goals-session-permissions"]').filter(

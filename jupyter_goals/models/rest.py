@@ -193,7 +193,36 @@ class GlobalAction(Strict):
 
 
 class ApprovalDecision(Strict):
+    """``always``: approve and always allow the tool in this session (an ``allow`` rule recorded with who
+    added it and when, in the same transaction); only with ``approve``."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"not": {
+        "properties": {"decision": {"const": "deny"}, "always": {"const": True}}, "required": ["decision", "always"]}})
+
     decision: Literal["approve", "deny"]
+    always: bool = False
+
+    @model_validator(mode="after")
+    def _always_only_with_approve(self) -> ApprovalDecision:
+        if self.always and self.decision != "approve":
+            raise ValueError("always is only given with approve")
+        return self
+
+
+#: how an allow rule was added: with the session, in its permissions (PATCH), or approving a call "always"
+RuleSource = Literal["created", "permissions", "approval"]
+
+
+class AllowRule(BaseModel):
+    """One ``allow`` rule of a session's permissions with its provenance: who added it (the Jupyter user),
+    when, and how (``via``); all three null for a rule added before provenance was kept (shown "unknown")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule: str | PathRule
+    added_by: str | None
+    added_at: float | None
+    via: RuleSource | None
 
 
 class WorkView(BaseModel):

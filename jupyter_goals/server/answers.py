@@ -5,7 +5,8 @@ An answer has exactly its keys (``extra="forbid"``: a key a lower layer adds wit
 bug found by the first test that reads the route, not data passed on unseen). A key is always present
 (null where it has no value) unless it is declared with ``omitted()``: such a key is left out when it
 has nothing to say, as the answers always did (``config_error``, ``budget_status``, a database's ``error``).
-``GET /health``'s models are beside the code that builds them, in ``server/health.py``.
+``GET /health``'s models are beside the code that builds them, in ``server/health.py`` (and the OpenAPI
+document's in ``server/openapi.py``).
 """
 
 from __future__ import annotations
@@ -63,8 +64,7 @@ class Answer(BaseModel):
 
 
 class Error(Answer):
-    """Every error answer: a code (``bad_request``, ``not_found``, ``conflict``, ``starting``, …) and a
-    sentence for people."""
+    """Every error answer: a code (``bad_request``, ``not_found``, ``conflict``, ``starting``, …), a sentence."""
 
     error: str
     message: str
@@ -313,9 +313,13 @@ class TranscriptPage(Answer):
     prev_cursor: int | None
 
 
+class AllowRule(Answer, models.AllowRule):
+    """An allow rule of the session's permissions with who added it, when and how (null: unknown)."""
+
+
 class Snapshot(Answer):
-    """A session with its shown work item, current Goal, plan, pending approvals, one transcript page,
-    usage, actions and the event seq it was read at."""
+    """A session: its work item, Goal (and budget burn), plan, pending approvals, a transcript page, usage,
+    actions, allow rules (with who added them) and the event seq it was read at."""
 
     session: Session
     work: Work | None
@@ -326,6 +330,7 @@ class Snapshot(Answer):
     actions: Actions
     event_seq: int
     usage: UsageSummary
+    allow_rules: list[AllowRule]
 
 
 class SessionCreated(Snapshot):
@@ -460,6 +465,11 @@ class ModelList(Answer):
     config_error: str | None = omitted("an invalid GoalsApp.models entry")
 
 
+class UnknownOutcome(Answer):
+    call_id: str
+    tool: str
+
+
 class RecoveredItem(Answer):
     """One work item of the last recovery pass: the outcome then, and the actions allowed now."""
 
@@ -474,10 +484,12 @@ class RecoveredItem(Answer):
     phase: str | None
     current_phase: Phase
     actions: Actions
+    mode: Literal["resume_checkpoint", "new_turn"] | None  # from its last safe checkpoint, or a new turn after repair
+    unknown_outcomes: list[UnknownOutcome]
 
 
 class RecoverySummary(Answer):
-    """The last recovery pass after a server start (``recovered_at`` null: none recovered anything)."""
+    """The last recovery pass after a server start (``recovered_at`` null: none did); ``?session_id=``: its items."""
 
     recovered_at: float | None
     host_name: str
@@ -486,13 +498,3 @@ class RecoverySummary(Answer):
     counts: dict[str, int]
     items: list[RecoveredItem]
 
-
-class OpenAPIDocument(Answer):
-    """This OpenAPI 3.1 document."""
-
-    openapi: str
-    info: dict[str, Any]
-    servers: list[dict[str, Any]]
-    components: dict[str, Any]
-    security: list[dict[str, Any]]
-    paths: dict[str, Any]

@@ -95,9 +95,10 @@ class GoalsHandler(ExtensionHandlerMixin, APIHandler):  # type: ignore[misc]
 
     @property
     def person(self) -> str:
-        """Who is asking (the Jupyter user's name), for the records that say who did what."""
+        """Who is asking (the Jupyter user's name), for the records that say who did what: the name people
+        read ("alice"; "Anonymous Io" for a shared token), else the username (an id for a shared token)."""
         user = self.current_user
-        return str(getattr(user, "username", None) or getattr(user, "name", None) or "a user")
+        return str(getattr(user, "name", None) or getattr(user, "username", None) or "a user")
 
     def answer(self, answer: a.Answer | a.SessionActionAnswer | a.GlobalActionAnswer, status: int = 200) -> None:
         """Finish with ``answer`` serialized by its model (the schema the OpenAPI document states)."""

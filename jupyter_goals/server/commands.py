@@ -63,23 +63,31 @@ class Commands:
         return self.stores.control
 
     # ------------------------------------------------------------------ sessions
-    async def create_session(self, body: CreateSession, root_dir: str) -> a.SessionCreated:
+    async def create_session(self, body: CreateSession, root_dir: str, by: str | None = None) -> a.SessionCreated:
         """A new session; its folder is ``body.cwd`` (absolute, or relative to the server's root directory
-        ``root_dir``), and the root directory itself when none is given — never the server process's cwd."""
+        ``root_dir``), and the root directory itself when none is given — never the server process's cwd.
+        Its allow rules are recorded as added by ``by`` (the Jupyter user) with the session."""
         self.stores.check()
         cwd = session_folder(body.cwd, root_dir)
         model = self.catalog.resolve(body.model) if body.model else self.catalog.default_model  # UnknownModel → 400
         perms = body.permissions.model_dump() if body.permissions else default_permissions()
-        row = await self.control.run(lambda tx: c.create_session(tx, body.title or "Untitled chat", cwd, model, perms))
+
+        def run(tx: Tx) -> Row:
+            row = c.create_session(tx, body.title or "Untitled chat", cwd, model, perms)
+            c.record_allow_rules(tx, row["session_id"], [], perms.get("allow") or [], by, "created", row["created_at"])
+            return row
+
+        row = await self.control.run(run)
         snapshot = await self.queries.snapshot(row["session_id"])
         # contract (DESIGN §10): 201 {session_id, …}; the snapshot nests it under "session"
         return a.SessionCreated(session_id=row["session_id"], **dict(snapshot))
 
-    async def update_session(self, session_id: str, body: UpdateSession) -> a.Snapshot:
+    async def update_session(self, session_id: str, body: UpdateSession, by: str | None = None) -> a.Snapshot:
         """Rename the session or change its model (a name of ``GET /models`` or ``provider:model``, as
         ``POST /sessions`` reads it; empty: the server's default), in one transaction with a change of the
         permission scope (unfinished work follows it, pending approvals are voided). A new model applies
-        from the session's next turn (``store/sessions.turn_model``)."""
+        from the session's next turn (``store/sessions.turn_model``). An allow rule the change adds is recorded
+        as added by ``by`` (the Jupyter user), now."""
         self.stores.check()
         model = None if body.model is None else self.catalog.resolve(body.model) if body.model \
             else self.catalog.default_model  # UnknownModel → 400, before anything is written
@@ -88,7 +96,7 @@ class Commands:
         def run(tx: Tx) -> None:
             c.update_session(tx, session_id, title=body.title, model=model)  # 404 for an unknown session
             if perms is not None:
-                c.change_permissions(tx, session_id, perms, body.expected_control_version)
+                c.change_permissions(tx, session_id, perms, body.expected_control_version, by)
 
         await self.control.run(run)
         self.wake()  # a new model or scope can let waiting work run (resource_missing.model, approvals)
@@ -244,9 +252,22 @@ class Commands:
         self.wake()
         return a.TakeoverAnswer(taken=moved.taken)
 
-    async def decide_approval(self, approval_id: str, decision: str) -> a.ApprovalDecided:
+    async def decide_approval(self, approval_id: str, decision: str, always: bool = False,
+                              by: str | None = None) -> a.ApprovalDecided:
+        """Approve or deny a pending call; ``always`` (with approve) also adds its tool to the session's allow
+        rules, recorded as added by ``by`` through the approval, in the same transaction."""
         self.stores.check()
-        row = await self.control.run(lambda tx: c.decide_approval(tx, approval_id, decision))
+
+        def run(tx: Tx) -> Row:
+            row = c.decide_approval(tx, approval_id, decision)
+            permissions = dict(c.get_session(tx, row["session_id"])["permissions"]) if always else {}
+            allow = list(permissions.get("allow") or [])
+            if always and row["tool"] not in allow:
+                c.change_permissions(tx, row["session_id"], {**permissions, "allow": [*allow, row["tool"]]}, None,
+                                     by, "approval")
+            return row
+
+        row = await self.control.run(run)
         self.wake()
         return a.ApprovalDecided(approval_id=approval_id, state=row["state"])
 

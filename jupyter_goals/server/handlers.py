@@ -50,13 +50,13 @@ class ModelsHandler(GoalsHandler):
 class RecoveryHandler(GoalsHandler):
     """``GET /recovery`` → the last recovery pass after a server start: ``{recovered_at, host_name,
     boot_id, counts, items: [{work_id, session_id, session_title, kind, outcome, reason_code, reason,
-    decided_at, actions}]}``."""
+    decided_at, actions, mode, unknown_outcomes}]}``; ``?session_id=``: that session's items only."""
 
     @tornado.web.authenticated
     @authorized
     @api
     async def get(self) -> None:
-        self.answer(await self.service.queries.recovery_summary())
+        self.answer(await self.service.queries.recovery_summary(self.id_arg("session_id")))
 
 
 class GlobalActionsHandler(GoalsHandler):
@@ -77,7 +77,7 @@ class OpenAPIHandler(GoalsHandler):
     @api
     async def get(self) -> None:
         base = self.request.path.rsplit("/", 1)[0]
-        self.answer(a.OpenAPIDocument.model_validate(openapi.document(base, list(self.service.catalog.specs))))
+        self.answer(openapi.OpenAPIDocument.model_validate(openapi.document(base, list(self.service.catalog.specs))))
 
 
 class ApprovalsHandler(GoalsHandler):
@@ -97,7 +97,8 @@ class ApprovalHandler(GoalsHandler):
     @api
     async def post(self, approval_id: str) -> None:
         body = self.body(ApprovalDecision)
-        self.answer(await self.service.commands.decide_approval(approval_id, body.decision))
+        self.answer(await self.service.commands.decide_approval(approval_id, body.decision, body.always,
+                                                                by=self.person))
 
 
 class UsageHandler(GoalsHandler):

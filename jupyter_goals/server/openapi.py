@@ -43,6 +43,17 @@ from jupyter_goals.server.health import Health
 from jupyter_goals.server.params import CURSOR_PATTERN
 
 REF = "#/components/schemas/{model}"
+
+
+class OpenAPIDocument(a.Answer):
+    """This OpenAPI 3.1 document."""
+
+    openapi: str
+    info: dict[str, Any]
+    servers: list[dict[str, Any]]
+    components: dict[str, Any]
+    security: list[dict[str, Any]]
+    paths: dict[str, Any]
 ERROR = {"$ref": "#/components/schemas/Error"}
 INT64_MAX = 2**63 - 1  # the databases' integers are 64-bit: a larger query integer is a 400
 MAX_PAGE = 5000  # a transcript or event page holds at most this many items, whatever ``limit`` asks
@@ -123,8 +134,9 @@ OPERATIONS: tuple[Operation, ...] = (
               errors=(503,)),
     Operation("get", "/models", "Configured models with credentials and prices", a.ModelList, errors=(503,)),
     Operation("get", "/recovery", "What the last recovery pass did with each work item", a.RecoverySummary,
-              errors=(503,)),
-    Operation("get", "/openapi.json", "This document", a.OpenAPIDocument, errors=()),
+              query=(Query("session_id", id_schema("session_id"), "only this session's items"),),
+              errors=(400, 404, 503)),
+    Operation("get", "/openapi.json", "This document", OpenAPIDocument, errors=()),
     Operation("get", "/sessions", "Sessions, newest activity first, keyset-paged", a.SessionList,
               query=(Query("limit", {"type": "integer", "minimum": 1, "maximum": 500}), _CURSOR, _SESSION_STATE,
                      Query("q", _STR, "text in the title"))),

@@ -127,12 +127,13 @@ class Queries:
             return {
                 "session": session_view(s),
                 "work": takeover.owner_view(c.work_view(work), owner) if work else None,
-                "goal": goal_lifecycle.view(tx, goal) if goal else None,
+                "goal": goal_view(tx, goal) if goal else None,  # with its budget burn (the composer's Goal box)
                 "todo": goal_store.get_todo(tx, session_id)[0],
                 "approvals": c.list_approvals(tx, "pending", session_id),
                 "transcript": page,
                 "actions": actions_for(work, owner),
                 "event_seq": c.last_event_seq(tx),
+                "allow_rules": c.allow_rules(tx, session_id, s["permissions"].get("allow") or []),
             }
 
         snap = await self.read(run)
@@ -220,13 +221,18 @@ class Queries:
         return a.ModelList(models=[a.ModelInfo.model_validate(m.model_dump()) for m in self.catalog.info()],
                            default_model=self.catalog.default_name, config_error=self.models_error or None)
 
-    async def recovery_summary(self) -> a.RecoverySummary:
+    async def recovery_summary(self, session_id: str | None = None) -> a.RecoverySummary:
         """``GET /recovery``: what the last recovery pass after a server start did with each unfinished
-        work item (continued, waiting, paused, stopped, failed), with the actions allowed now."""
+        work item (continued, waiting, paused, stopped, failed), with the actions allowed now; with
+        ``session_id``, that session's items only (a chat's continuity banner; 404 for an unknown session)."""
+        if session_id is not None:
+            await self.read(lambda tx: c.get_session(tx, session_id))
         header, rows = await self.read(lambda tx: recovery_passes.last_pass(tx, host_name()))
         items = []
         counts = {o.value: 0 for o in RecoveryOutcome}
         for r in rows:
+            if session_id is not None and r["session_id"] != session_id:
+                continue
             outcome = r["detail"].get("outcome", RecoveryOutcome.CONTINUED.value)
             counts[outcome] = counts.get(outcome, 0) + 1
             now = {"phase": r["w_phase"], "desired_state": r["w_desired"], "reason_code": r["w_reason_code"]}
@@ -235,7 +241,8 @@ class Queries:
                 "outcome": outcome, "reason_code": r["reason_code"] or "",
                 "reason": r["detail"].get("reason") or reason_text(r["reason_code"] or ""),
                 "decided_at": r["created_at"], "phase": r["phase"], "current_phase": r["w_phase"],
-                "actions": actions_for(now),
+                "actions": actions_for(now), "mode": r["detail"].get("mode"),
+                "unknown_outcomes": r["detail"].get("unknown") or [],
             }))
         return a.RecoverySummary(recovered_at=header["at"] if header else None,
                                  host_name=header["host_name"] if header else host_name(),

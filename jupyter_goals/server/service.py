@@ -160,12 +160,13 @@ class GoalsService:
         """The first recovery pass of this start and its summary (``GET /recovery``); harmless to repeat
         after the store failed part-way (each of its transactions commits whole or not at all)."""
         control = self.stores.control
+        since = time.time()
         found = await control.run(lambda tx: recovery_passes.unfinished_work(tx, host_name()), write=False)
         await self.loops.recover()
         if found:
             pass_id = c.new_id("pass")
             await control.run(lambda tx: recovery_passes.record_pass(tx, pass_id, found, host=host_name(),
-                                                                      boot=boot_id()))
+                                                                      boot=boot_id(), since=since))
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Graceful: stop admission, stop workers (they hand back checkpoints), close the stores."""

@@ -45,7 +45,7 @@ class SessionsHandler(GoalsHandler):
     @api
     async def post(self) -> None:
         body = self.body(CreateSession)
-        self.answer(await self.service.commands.create_session(body, self.root_dir), 201)
+        self.answer(await self.service.commands.create_session(body, self.root_dir, by=self.person), 201)
 
 
 class SessionHandler(GoalsHandler):
@@ -74,7 +74,7 @@ class SessionHandler(GoalsHandler):
     @api
     async def patch(self, session_id: str) -> None:
         body = self.body(UpdateSession)
-        self.answer(await self.service.commands.update_session(session_id, body))
+        self.answer(await self.service.commands.update_session(session_id, body, by=self.person))
 
 
 class MessagesHandler(GoalsHandler):

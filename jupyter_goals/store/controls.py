@@ -1,6 +1,7 @@
 """User controls, the top of the store's aggregates: ``apply_control`` (pause / resume / stop / retry: bumps
 ``control_version`` so every older decision is refused, voids pending approvals, reaches subtasks),
-``finish_cancelled`` (a stop persists as cancelled), ``stop_all`` and ``change_permissions``.
+``finish_cancelled`` (a stop persists as cancelled), ``stop_all`` and ``change_permissions`` (with who added
+each allow rule, when and how: ``record_allow_rules``, ``allow_rules``).
 
 Functions take a ``Tx`` and run inside the caller's single transaction; each state change writes its event
 row in the same transaction (``shared.emit``). Other aggregates are called through their module
@@ -23,6 +24,8 @@ __all__ = [
     "finish_cancelled",
     "stop_all",
     "change_permissions",
+    "record_allow_rules",
+    "allow_rules",
 ]
 
 
@@ -134,12 +137,14 @@ def stop_all(tx: Tx) -> list[str]:
     return [r["work_id"] for r in rows]
 
 
-def change_permissions(tx: Tx, session_id: str, permissions: dict[str, Any], expected_version: int | None) -> Row:
+def change_permissions(tx: Tx, session_id: str, permissions: dict[str, Any], expected_version: int | None,
+                       by: str | None = None, via: str = "permissions") -> Row:
     """Save a session's new permission scope and carry it to its unfinished work items.
 
     Each such item gets the new scope and a bumped ``control_version`` (a running attempt yields at
     its next step and is re-admitted under the new scope); pending approvals are invalidated with
     reason ``permission_revoked``. ``expected_version`` is checked against the session's current work.
+    An allow rule the change adds is recorded with ``by`` and ``via``; one it drops loses its record.
     """
     session = sessions.get_session(tx, session_id)
     current = sessions.current_work(tx, session_id)
@@ -149,6 +154,8 @@ def change_permissions(tx: Tx, session_id: str, permissions: dict[str, Any], exp
     now = time.time()
     tx.execute("UPDATE sessions SET permissions = ?, updated_at = ? WHERE session_id = ?",
                (shared.dumps(permissions), now, session_id))
+    record_allow_rules(tx, session_id, session["permissions"].get("allow") or [], permissions.get("allow") or [],
+                       by, via, now)
     shared.emit(tx, "session.permissions", {"permissions": permissions}, session_id=session_id)
     code, sentence = effects.INVALIDATION_REASONS["permissions"]
     for work in tx.all("SELECT * FROM work_items WHERE session_id = ? AND phase NOT IN ('done', 'cancelled')", (session_id,)):
@@ -163,6 +170,37 @@ def change_permissions(tx: Tx, session_id: str, permissions: dict[str, Any], exp
         # a subtask never holds more authority than its parent: its session follows the new scope
         for child in tx.all("SELECT session_id FROM work_items WHERE parent_work_id = ? AND phase NOT IN ('done', 'cancelled')",
                             (work["work_id"],)):
-            change_permissions(tx, child["session_id"], permissions, None)
+            change_permissions(tx, child["session_id"], permissions, None, by, via)
     session = sessions.get_session(tx, session_id)
     return session
+
+
+def record_allow_rules(tx: Tx, session_id: str, old: list[Any], new: list[Any], by: str | None, via: str,
+                       now: float) -> None:
+    """Provenance of a session's allow rules: a rule in ``new`` but not in ``old`` is recorded as added by
+    ``by`` now (``via``: created, permissions, approval; ``by`` None: not recorded, it reads unknown); a rule
+    ``new`` drops loses its record, so adding it again later records that time. A rule kept keeps its record
+    (or stays unknown without one)."""
+    before = {shared.dumps(rule) for rule in old}
+    after = {shared.dumps(rule) for rule in new}
+    for key in sorted(before - after):
+        tx.execute("DELETE FROM allow_rules WHERE session_id = ? AND rule_key = ?", (session_id, key))
+    for key in sorted(after - before) if by is not None else ():
+        tx.execute(
+            "INSERT INTO allow_rules (session_id, rule_key, added_by, via, added_at) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (session_id, rule_key) DO UPDATE SET added_by = excluded.added_by, via = excluded.via,"
+            " added_at = excluded.added_at",
+            (session_id, key, by, via, now))
+
+
+def allow_rules(tx: Tx, session_id: str, allow: list[Any]) -> list[dict[str, Any]]:
+    """Each rule of ``allow`` (the session's permissions) with who added it, when and how; ``None`` for
+    all three where no record exists (a rule saved before records were kept)."""
+    rows = {r["rule_key"]: r for r in tx.all(
+        "SELECT rule_key, added_by, via, added_at FROM allow_rules WHERE session_id = ?", (session_id,))}
+    out = []
+    for rule in allow:
+        row = rows.get(shared.dumps(rule))
+        out.append({"rule": rule, "added_by": row["added_by"] if row else None,
+                    "added_at": float(row["added_at"]) if row else None, "via": row["via"] if row else None})
+    return out

@@ -31,8 +31,10 @@ def unfinished_work(tx: Tx, host: str | None = None) -> list[str]:
         () if host is None else (host,))]
 
 
-def record_pass(tx: Tx, pass_id: str, work_ids: list[str], *, host: str, boot: str) -> dict[str, int]:
-    """Write what the pass decided for each of ``work_ids`` (their state right after it), in one
+def record_pass(tx: Tx, pass_id: str, work_ids: list[str], *, host: str, boot: str,
+                since: float = 0.0) -> dict[str, int]:
+    """Write what the pass decided for each of ``work_ids`` (their state right after it; how an interrupted
+    turn goes on, the recovery mode decided since ``since``; the calls whose outcome is unknown), in one
     transaction with the pass header and a ``recovery.summary`` event. Returns the counts."""
     now = time.time()
     counts = {o.value: 0 for o in RecoveryOutcome}
@@ -41,7 +43,10 @@ def record_pass(tx: Tx, pass_id: str, work_ids: list[str], *, host: str, boot: s
         outcome = recovery_outcome(work["desired_state"], work["phase"])
         counts[outcome.value] += 1
         detail = {"outcome": outcome.value, "reason": work["reason"] or reason_text(work["reason_code"]),
-                  "kind": work["kind"], "session_id": work["session_id"], "desired_state": work["desired_state"]}
+                  "kind": work["kind"], "session_id": work["session_id"], "desired_state": work["desired_state"],
+                  "mode": _decided_mode(tx, work_id, since),
+                  "unknown": tx.all("SELECT call_id, tool FROM effects WHERE work_id = ? AND state = 'unknown'"
+                                    " ORDER BY seq", (work_id,))}
         tx.execute(
             "INSERT INTO recovery_decisions (decision_key, work_id, claimed_by, state, mode, phase, reason_code, detail,"
             " control_version, created_at, updated_at) VALUES (?, ?, ?, 'reported', NULL, ?, ?, ?, ?, ?, ?)"
@@ -54,6 +59,15 @@ def record_pass(tx: Tx, pass_id: str, work_ids: list[str], *, host: str, boot: s
     c.set_flag(tx, f"{LAST_PASS}:{host}", header)  # each host of a shared store shows its own last pass
     c.emit(tx, "recovery.summary", {"pass_id": pass_id, "counts": counts})
     return counts
+
+
+def _decided_mode(tx: Tx, work_id: str, since: float) -> str | None:
+    """The recovery mode decided for the work item's interrupted turn in this pass (``resume_checkpoint`` or
+    ``new_turn``; None when no turn of it was running)."""
+    row = tx.one(
+        "SELECT mode FROM recovery_decisions WHERE work_id = ? AND decision_key LIKE ? AND updated_at >= ?"
+        " AND mode IN ('resume_checkpoint', 'new_turn') ORDER BY updated_at DESC LIMIT 1", (work_id, "recover:%", since))
+    return str(row["mode"]) if row else None
 
 
 def last_pass(tx: Tx, host: str | None = None) -> tuple[dict[str, Any] | None, list[Row]]:

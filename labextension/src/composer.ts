@@ -12,6 +12,7 @@ import {
   postGoalsAPI
 } from './api';
 import { editGoal } from './edit';
+import { budgetBurn } from './usage';
 import {
   actionBar,
   actionErrorText,
@@ -406,7 +407,8 @@ export class Composer {
         });
       })
     );
-    replaceKeepingFocus(this._goal, line, bar);
+    const burn = budgetBurn(goal, 'goals-composer-goal-budget');
+    replaceKeepingFocus(this._goal, line, ...(burn ? [burn] : []), bar);
   }
 
   private readonly _goal: HTMLElement;

@@ -24,6 +24,7 @@ import {
   showAlert,
   unavailableNode
 } from './views';
+import { budgetBurn } from './usage';
 
 interface ILoaded {
   snapshot: ISessionSnapshot;
@@ -195,6 +196,10 @@ export class SessionDetail {
           onEdit: () => void this._edit(() => editGoal(goal.goal_id, this._settings))
         })
       );
+      const burn = budgetBurn(goal, 'goals-detail-goal-budget');
+      if (burn) {
+        parts.push(burn);
+      }
     }
 
     if (snapshot.approvals.length > 0) {

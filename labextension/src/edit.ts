@@ -12,7 +12,7 @@ import {
   requestGoalsAPI,
   Schemas
 } from './api';
-import { el } from './views';
+import { button, el } from './views';
 
 /*
  * The dialogs that act on a reason the views show: Edit Goal (objective, requirements, budget, the
@@ -238,17 +238,40 @@ function ruleText(rule: IAllowRule): string {
   return typeof rule === 'string' ? rule : `${rule.tool} in ${rule.path}`;
 }
 
+const RULE_SOURCES: Record<string, string> = {
+  created: 'with the chat',
+  permissions: 'in Permissions',
+  approval: 'approving a call'
+};
+
+/** "added by alice, 07/12/2026 03:40 (approving a call)"; "unknown" for a rule saved before who and when were kept. */
+export function provenanceText(rule: IRuleProvenance): string {
+  if (!rule.added_by || rule.added_at === null || rule.added_at === undefined) {
+    return 'added by unknown (saved before who and when were recorded)';
+  }
+  const how = rule.via ? RULE_SOURCES[rule.via] : '';
+  return `added by ${rule.added_by}, ${new Date(rule.added_at * 1000).toLocaleString()}${how ? ` (${how})` : ''}`;
+}
+
+type IRuleProvenance = ISessionSnapshot['allow_rules'][number];
+
 interface IPermissionsEdit {
   mode: 'ask' | 'bypass';
-  allow: IAllowRule[];
   added: string[];
   folders: string[];
 }
 
 class PermissionsForm extends Widget implements Dialog.IBodyWidget<IPermissionsEdit> {
-  constructor(private readonly _current: IPermissions) {
+  /** Whether a rule was revoked while the dialog was open (the view re-reads then, even on Cancel). */
+  revoked = false;
+
+  constructor(
+    public snapshot: ISessionSnapshot,
+    private readonly _settings: ServerConnection.ISettings
+  ) {
     super();
     this.addClass('jp-goals-form');
+    const current = snapshot.session.permissions;
     this._mode = el('select', 'jp-mod-styled', undefined, 'goals-permissions-mode');
     for (const [value, label] of [
       ['ask', 'ask before writes and commands'],
@@ -258,46 +281,31 @@ class PermissionsForm extends Widget implements Dialog.IBodyWidget<IPermissionsE
       option.value = value;
       this._mode.append(option);
     }
-    this._mode.value = _current.mode ?? 'ask';
-    const rules = el('ul', 'jp-goals-rules', undefined, 'goals-permissions-rules');
-    rules.setAttribute('aria-label', 'Always allowed');
-    const allow = _current.allow ?? [];
-    if (allow.length === 0) {
-      rules.append(el('li', 'jp-goals-empty', 'No tool is always allowed.'));
-    }
-    allow.forEach((rule, i) => {
-      const row = el('li', 'jp-goals-rule', undefined, 'goals-permissions-rule');
-      const text = ruleText(rule);
-      const revoke = el('input', undefined, undefined, 'goals-permissions-revoke');
-      revoke.type = 'checkbox';
-      revoke.setAttribute('aria-label', `Revoke ${text}`);
-      this._revoke.set(i, revoke);
-      const label = el('label', 'jp-goals-rule-label');
-      label.append(revoke, el('code', undefined, text), el('span', 'jp-goals-field-hint', ' revoke'));
-      row.append(label);
-      rules.append(row);
-    });
+    this._mode.value = current.mode ?? 'ask';
+    this._rules = el('ul', 'jp-goals-rules', undefined, 'goals-permissions-rules');
+    this._rules.setAttribute('aria-label', 'Always allowed');
+    this._status = el('div', 'jp-goals-field-hint', '', 'goals-permissions-status');
+    this._status.setAttribute('role', 'status');
     this._add = el('input', 'jp-mod-styled', undefined, 'goals-permissions-add');
     this._add.type = 'text';
     this._add.placeholder = 'tool names, comma separated';
     this._folders = el('textarea', 'jp-mod-styled', undefined, 'goals-permissions-folders');
     this._folders.rows = 2;
-    this._folders.value = (_current.folders ?? []).join('\n');
+    this._folders.value = (current.folders ?? []).join('\n');
     const ruleBox = el('div', 'jp-goals-field');
-    ruleBox.append(el('span', 'jp-goals-field-label', 'Always allowed'), rules);
+    ruleBox.append(el('span', 'jp-goals-field-label', 'Always allowed'), this._rules, this._status);
     this.node.append(
       field('Permission mode', this._mode, 'Unknown outcomes still ask once, in either mode.'),
       ruleBox,
       field('Allow without asking', this._add),
       field('Folders the chat may read', this._folders, 'One per line, besides the chat folder.')
     );
+    this._renderRules();
   }
 
   getValue(): IPermissionsEdit {
-    const allow = (this._current.allow ?? []).filter((_, i) => !this._revoke.get(i)?.checked);
     return {
       mode: this._mode.value === 'bypass' ? 'bypass' : 'ask',
-      allow,
       added: this._add.value
         .split(',')
         .map(name => name.trim())
@@ -309,16 +317,71 @@ class PermissionsForm extends Widget implements Dialog.IBodyWidget<IPermissionsE
     };
   }
 
+  /** Each rule with who added it and when, and a Revoke button that saves at once. */
+  private _renderRules(): void {
+    const rules = this.snapshot.allow_rules ?? [];
+    const rows: HTMLElement[] = [];
+    if (rules.length === 0) {
+      rows.push(el('li', 'jp-goals-empty', 'No tool is always allowed.'));
+    }
+    for (const rule of rules) {
+      const text = ruleText(rule.rule);
+      const row = el('li', 'jp-goals-rule', undefined, 'goals-permissions-rule');
+      row.dataset.rule = text;
+      const revoke = button('Revoke', 'goals-permissions-revoke', () => void this._revoke(rule.rule),
+        `Revoke ${text}: its next call asks again`);
+      revoke.setAttribute('aria-label', `Revoke ${text}`);
+      row.append(
+        el('code', undefined, text),
+        el('span', 'jp-goals-field-hint jp-goals-rule-provenance', ` ${provenanceText(rule)} `, 'goals-permissions-provenance'),
+        revoke
+      );
+      rows.push(row);
+    }
+    this._rules.replaceChildren(...rows);
+  }
+
+  /**
+   * `PATCH /sessions/{id}` without the rule, with the control version this dialog shows; a 409 says so and
+   * shows the current rules (the person decides again on them).
+   */
+  private async _revoke(rule: IAllowRule): Promise<void> {
+    const current = this.snapshot.session.permissions;
+    const key = JSON.stringify(rule);
+    const permissions: IPermissions = { ...current, allow: (current.allow ?? []).filter(r => JSON.stringify(r) !== key) };
+    const work = this.snapshot.work;
+    const id = encodeURIComponent(this.snapshot.session.session_id);
+    const body: Schemas['UpdateSession'] = {
+      permissions,
+      ...(work ? { expected_control_version: work.control_version } : {})
+    };
+    try {
+      this.snapshot = await requestGoalsAPI<ISessionSnapshot>(`sessions/${id}`, this._settings, 'PATCH', body);
+      this.revoked = true;
+      this._status.textContent = `Revoked ${ruleText(rule)}: its next call asks again.`;
+    } catch (error) {
+      this._status.textContent = conflictText(error, 'The permissions');
+      try {
+        this.snapshot = await requestGoalsAPI<ISessionSnapshot>(`sessions/${id}?before=latest&limit=1`, this._settings);
+      } catch {
+        // the message above says what failed; the list stays as it was
+      }
+    }
+    this._renderRules();
+  }
+
   private readonly _mode: HTMLSelectElement;
+  private readonly _rules: HTMLElement;
+  private readonly _status: HTMLElement;
   private readonly _add: HTMLInputElement;
   private readonly _folders: HTMLTextAreaElement;
-  private readonly _revoke = new Map<number, HTMLInputElement>();
 }
 
 /**
- * A chat's Permissions: mode, each always-allowed rule with a Revoke box, new rules and folders;
- * `PATCH /sessions/{id}` with the control version the dialog showed. A revoked rule makes the next
- * such call ask; approvals waiting under the old scope are withdrawn by the server.
+ * A chat's Permissions: mode, each always-allowed rule with who added it and when and a Revoke button
+ * (saved at once), new rules and folders (Save); each `PATCH /sessions/{id}` carries the control version
+ * the dialog showed. A revoked rule makes the next such call ask; approvals waiting under the old scope
+ * are withdrawn by the server.
  */
 export async function editPermissions(
   sessionId: string,
@@ -331,27 +394,32 @@ export async function editPermissions(
   } catch (error) {
     return { ok: false, message: conflictText(error, 'The permissions') };
   }
-  const current = snapshot.session.permissions;
+  const form = new PermissionsForm(snapshot, settings);
   const result = await showDialog({
     title: `Permissions of “${snapshot.session.title || 'Untitled chat'}”`,
-    body: new PermissionsForm(current),
+    body: form,
     buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Save permissions' })],
     focusNodeSelector: 'select'
   });
   if (!result.button.accept || !result.value) {
-    return null;
+    return form.revoked ? { ok: true, message: 'Rule revoked.' } : null;
   }
   const value = result.value;
-  const allow = [...value.allow];
+  const current = form.snapshot.session.permissions; // as it is after any Revoke in the dialog
+  const allow = [...(current.allow ?? [])];
   for (const name of value.added) {
     if (!allow.some(rule => rule === name)) {
       allow.push(name);
     }
   }
   const permissions: IPermissions = { ...current, mode: value.mode, allow, folders: value.folders };
+  if (JSON.stringify(permissions) === JSON.stringify({ ...current, folders: current.folders ?? [] })) {
+    // saving the same scope would still withdraw pending approvals: send nothing
+    return form.revoked ? { ok: true, message: 'Rule revoked.' } : { ok: true, message: 'Nothing changed.' };
+  }
   const body: Schemas['UpdateSession'] = {
     permissions,
-    ...(snapshot.work ? { expected_control_version: snapshot.work.control_version } : {})
+    ...(form.snapshot.work ? { expected_control_version: form.snapshot.work.control_version } : {})
   };
   try {
     await requestGoalsAPI<unknown>(`sessions/${id}`, settings, 'PATCH', body);

@@ -13,11 +13,13 @@ import {
   RequestBody,
   requestGoalsAPI
 } from './api';
+import { ContinuityBanner } from './banner';
 import { Composer } from './composer';
 import { editPermissions } from './edit';
 import { debounce, sharedEventFeed } from './events';
 import { modelCatalog } from './models';
 import { TranscriptList } from './transcript';
+import { usageLine } from './usage';
 import {
   actionBar,
   actionErrorText,
@@ -70,6 +72,14 @@ export class SessionView extends Widget {
 
     this._error = el('div');
     this._alert = alertNode('goals-session-alert');
+    this._banner = new ContinuityBanner(sessionId, this._settings, {
+      act: action => this._act(`sessions/${encodeURIComponent(this.sessionId)}/actions`, {
+        action,
+        ...(this._version !== null ? { expected_control_version: this._version } : {})
+      }),
+      focusApproval: () => focusIn(this._approvals, '[data-testid="goals-approval-approve"]'),
+      focusCall: callId => focusIn(this._transcript.node, `[data-call-id="${CSS.escape(callId)}"] button`)
+    });
     this._transcript = new TranscriptList({
       openGoalRecord: item => void this._openRecord(item),
       loadOlder: () => void this._loadOlder(),
@@ -101,6 +111,7 @@ export class SessionView extends Widget {
     }, 500);
     this.node.append(
       this._header,
+      this._banner.node,
       this._error,
       this._alert,
       this._transcript.node,
@@ -175,10 +186,14 @@ export class SessionView extends Widget {
     this._unsubscribe = feed.subscribe(events => {
       if (events === null) {
         void this.refresh(); // a (re)connect: snapshot again
+        void this._banner.refresh(); // the server may have come back: what did its recovery do here?
         return;
       }
       let relevant = false;
       for (const event of events) {
+        if (event.kind === 'recovery.summary') {
+          void this._banner.refresh();
+        }
         if (event.session_id !== this.sessionId) {
           continue;
         }
@@ -239,6 +254,7 @@ export class SessionView extends Widget {
         this._prevCursor = snapshot.transcript?.prev_cursor ?? null;
         this._transcript.setOlderState(this._prevCursor === null ? 'start' : 'more');
         this._opened = true;
+        void this._banner.refresh();
       } else {
         snapshot = await requestGoalsAPI<ISessionSnapshot>(
           `sessions/${id}?after=${this._transcript.lastSeq}&limit=${FORWARD_PAGE}`,
@@ -303,6 +319,7 @@ export class SessionView extends Widget {
     this._renderMeta(snapshot, model);
 
     const work = snapshot.work;
+    this._version = work?.control_version ?? null;
     this._state.replaceChildren();
     if (work) {
       this._state.append(badge(work.phase, 'goals-session-phase'));
@@ -355,8 +372,14 @@ export class SessionView extends Widget {
       approvals.push(el('div', 'jp-goals-subheading', 'Waiting for you'));
       for (const approval of snapshot.approvals) {
         approvals.push(
-          approvalView(approval, decision =>
-            this._act(`approvals/${encodeURIComponent(approval.approval_id)}`, { decision })
+          approvalView(
+            approval,
+            (decision, always) =>
+              this._act(`approvals/${encodeURIComponent(approval.approval_id)}`, {
+                decision,
+                ...(always ? { always: true } : {})
+              }),
+            { always: true }
           )
         );
       }
@@ -447,6 +470,8 @@ export class SessionView extends Widget {
   private readonly _connection: HTMLElement;
   private readonly _error: HTMLElement;
   private readonly _alert: HTMLElement;
+  private readonly _banner: ContinuityBanner;
+  private _version: number | null = null;
   private readonly _approvals: HTMLElement;
   private readonly _draft: HTMLElement;
   private readonly _transcript: TranscriptList;
@@ -461,47 +486,10 @@ export class SessionView extends Widget {
   private _unsubscribe: (() => void) | null = null;
 }
 
-/** Seconds as a short duration: "42 s", "3 min", "1 h 5 min". */
-export function duration(seconds: number): string {
-  if (seconds < 60) {
-    return `${Math.round(seconds)} s`;
-  }
-  const minutes = Math.round(seconds / 60);
-  return minutes < 60 ? `${minutes} min` : `${Math.floor(minutes / 60)} h ${minutes % 60} min`;
-}
-
-/**
- * The chat's usage in the header: the server's display sentence (known cost, unknown usage kept
- * apart, never an invented zero), tokens and active time; the hover explains unknown intervals.
- */
-export function usageLine(usage: ISessionSnapshot['usage'] | undefined): HTMLElement {
-  const node = el('span', 'jp-goals-session-usage', undefined, 'goals-session-usage');
-  if (!usage) {
-    return node;
-  }
-  const parts = [usage.display];
-  const tokens = usage.known_tokens;
-  if (tokens) {
-    parts.push(`${(tokens.input + tokens.output).toLocaleString('en-US')} tokens`);
-  }
-  parts.push(`active ${duration(usage.active_seconds)}${usage.running ? ' (running)' : ''}`);
-  node.append(el('span', 'jp-goals-meta-label', 'Usage '), el('span', undefined, parts.join(' · ')));
-  const gaps = usage.unknown_intervals ?? [];
-  const hover: string[] = [];
-  if (usage.unknown_usage_requests) {
-    hover.push(
-      `${usage.unknown_usage_requests} request(s) whose usage is unknown: the provider's receipt never arrived ` +
-        '(a crash or a lost connection); they are not counted as zero.'
-    );
-  }
-  for (const gap of gaps) {
-    const from = new Date(gap.from * 1000).toLocaleTimeString();
-    const to = gap.to === null ? 'now' : new Date(gap.to * 1000).toLocaleTimeString();
-    hover.push(`Active time from ${from} to ${to} is unknown: the process running it died unseen.`);
-  }
-  if (hover.length > 0) {
-    node.title = hover.join('\n');
-    node.dataset.unknown = String(gaps.length + (usage.unknown_usage_requests ?? 0));
-  }
-  return node;
+/** Scrolls to and focuses the first control matching `selector` under `root`; false when there is none. */
+function focusIn(root: HTMLElement, selector: string): boolean {
+  const target = root.querySelector<HTMLElement>(selector);
+  target?.scrollIntoView({ block: 'center' });
+  target?.focus();
+  return target !== null;
 }

@@ -258,7 +258,14 @@ export class TranscriptList {
       nodes.push(node);
     }
     this._nodes = keep;
+    // replacing the children blurs a focused button inside them (a call's It ran, Cancel): focus it again
+    const focused = document.activeElement instanceof HTMLElement && this._content.contains(document.activeElement)
+      ? document.activeElement
+      : null;
     this._content.replaceChildren(...nodes);
+    if (focused?.isConnected && document.activeElement !== focused) {
+      focused.focus({ preventScroll: true });
+    }
     this._top.style.height = `${before}px`;
     this._bottom.style.height = `${after}px`;
 

@@ -250,10 +250,14 @@ export function goalView(goal: IGoal, options: IGoalViewOptions = {}): HTMLEleme
   return root;
 }
 
-/** A tool call waiting for a person: Approve / Deny while pending, its outcome after. */
+/**
+ * A tool call waiting for a person: Approve / Deny while pending (and Always allow, approving it and
+ * adding its tool to the chat's allow rules, where the caller passes `always: true`), its outcome after.
+ */
 export function approvalView(
   approval: IApproval,
-  onDecide?: (decision: 'approve' | 'deny') => Promise<void>
+  onDecide?: (decision: 'approve' | 'deny', always?: boolean) => Promise<void>,
+  options: { always?: boolean } = {}
 ): HTMLElement {
   const root = el('div', 'jp-goals-approval', undefined, 'goals-approval');
   root.dataset.approvalId = approval.approval_id;
@@ -292,13 +296,18 @@ export function approvalView(
     const bar = el('div', 'jp-goals-actions', undefined, 'goals-approval-actions');
     const approve = button('Approve', 'goals-approval-approve', () => decide('approve'));
     const deny = button('Deny', 'goals-approval-deny', () => decide('deny'));
-    const decide = (decision: 'approve' | 'deny') => {
-      approve.disabled = deny.disabled = true;
-      void onDecide(decision).finally(() => {
-        approve.disabled = deny.disabled = false;
+    const buttons = [approve, deny];
+    if (options.always) {
+      buttons.splice(1, 0, button('Always allow', 'goals-approval-always', () => decide('approve', true),
+        `Approve, and always allow ${approval.tool} in this chat (revocable in Permissions)`));
+    }
+    const decide = (decision: 'approve' | 'deny', always = false) => {
+      buttons.forEach(b => (b.disabled = true));
+      void onDecide(decision, always).finally(() => {
+        buttons.forEach(b => (b.disabled = false));
       });
     };
-    bar.append(approve, deny);
+    bar.append(...buttons);
     root.append(bar);
   }
   return root;

@@ -262,4 +262,14 @@ CREATE UNIQUE INDEX goals_client_request ON goals (session_id, client_request_id
 ALTER TABLE turns ADD COLUMN model TEXT
 """,
     ),
+    (
+        12,
+        "who added each allow rule of a session's permissions, when and how (issue 32: revocable always-allow rules)",
+        # keyed by the rule's canonical JSON; a rule of sessions.permissions without a row predates this table
+        """
+CREATE TABLE allow_rules (
+  session_id TEXT NOT NULL, rule_key TEXT NOT NULL, added_by TEXT NOT NULL, via TEXT NOT NULL,
+  added_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (session_id, rule_key))
+""",
+    ),
 ]
