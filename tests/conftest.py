@@ -79,6 +79,18 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
 
 
 @pytest.fixture
+def hosts_store(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """The control store and the ledger several hosts share (``tests/hostkit.py``): private schemas of the real
+    PostgreSQL database (CI fails without it, elsewhere the tests skip)."""
+    require_postgres()
+    backend = Backend("postgresql", tmp_path)
+    try:
+        yield backend.url("control"), backend.url("usage")
+    finally:
+        backend.cleanup()
+
+
+@pytest.fixture
 def pg_cluster() -> Iterator[Any]:
     """A private PostgreSQL cluster of the test's own (``tests/pgcluster.py``), started; the test may stop
     and start it. Destroyed at the end. Without PostgreSQL's server binaries: fails in CI, else skips."""

@@ -1,18 +1,13 @@
 """Several hosts on one PostgreSQL store, for the tests that need two real servers sharing it
-(``tests/test_hosts.py``, ``tests/test_control_wake.py``): the ``store`` fixture (private schemas of the
-local PostgreSQL) and ``Hosts`` (host A and host B, each with its own state dir and host name)."""
+(``tests/test_hosts.py``, ``tests/test_control_wake.py``): ``Hosts`` (host A and host B, each with its own
+state dir and host name) on the stores of the ``hosts_store`` fixture (``tests/conftest.py``)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.servers import ServerProcess, write_script
-from tests.storekit import Backend, postgres_unreachable
 
 
 def one_step_rules() -> list[dict[str, Any]]:
@@ -24,21 +19,6 @@ def one_step_rules() -> list[dict[str, Any]]:
         {"when": {"last_user_contains": "work"}, "respond": {"text": "running", "tool_calls": [
             {"name": "shell", "arguments": {"command": "sleep 30; echo once >> once.txt"}}]}},
     ]
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """The control store and the ledger: private schemas of the real PostgreSQL database (CI fails
-    without it, elsewhere the tests skip)."""
-    if reason := postgres_unreachable():
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and {reason}")
-        pytest.skip(reason)
-    backend = Backend("postgresql", tmp_path)
-    try:
-        yield backend.url("control"), backend.url("usage")
-    finally:
-        backend.cleanup()
 
 
 class Hosts:

@@ -49,10 +49,11 @@ def store_args(backend: Any) -> list[str]:
 
 
 @contextmanager
-def stored_server_env(tmp_path: Path, rules: list[dict[str, Any]], backend: Any) -> Iterator[dict[str, Any]]:
+def stored_server_env(tmp_path: Path, rules: list[dict[str, Any]], backend: Any,
+                      base_env: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
     """``server_env`` on ``backend``'s store: every server its ``make`` builds keeps its control store and
     ledger there (SQLite files in the state dir, or the backend's private PostgreSQL schemas)."""
-    with server_env(tmp_path / "servers", rules) as e:
+    with server_env(tmp_path / "servers", rules, base_env) as e:
         make, args = e["make"], store_args(backend)
 
         def make_on_store(extra: list[str] | None = None, env: dict[str, str] | None = None,

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from jupyter_goals.host.effect_files import group_members
-from tests.hostkit import Hosts, one_step_rules, store  # noqa: F401 - the PostgreSQL store fixture
+from tests.hostkit import Hosts, one_step_rules
 from tests.servers import ServerFactory, ServerProcess, db_rows, wait_for
 
 pytestmark = pytest.mark.slow
@@ -62,8 +62,8 @@ def test_a_stop_wakes_the_running_call_on_this_host_without_waiting_for_the_safe
 
 
 @pytest.mark.postgres
-def test_a_stop_on_another_host_wakes_the_running_call_by_notify(tmp_path: Path, store: tuple[str, str]) -> None:  # noqa: F811
-    hosts = Hosts(tmp_path, store, one_step_rules(), extra=SLOW_TICK)
+def test_a_stop_on_another_host_wakes_the_running_call_by_notify(tmp_path: Path, hosts_store: tuple[str, str]) -> None:
+    hosts = Hosts(tmp_path, hosts_store, one_step_rules(), extra=SLOW_TICK)
     try:
         a, b = hosts.a.start(), hosts.b.start()
         sid = str(a.client().create_session(title="stop", cwd=str(hosts.root),

@@ -79,13 +79,7 @@ WORKER_POINTS = [
 WHOLE_SERVER = {"JUPYTER_GOALS_CRASH_SCOPE": "group"}
 
 
-#: the points also run on PostgreSQL: the commits whose PostgreSQL form differs (a request's answer, the
-#: call's dispatch and its result, under the fence's row lock); the other three cut the store off before
-#: a commit, which the failover tests (tests/test_failover.py) cover on PostgreSQL under load
-POSTGRESQL_POINTS = ("provider.after_response", "provider.after_commit", "tool.after_dispatch",
-                     "tool.after_result_commit")
-STORE_POINTS = [pytest.param("sqlite", p, id=f"sqlite-{p}") for p in WORKER_POINTS] + [
-    pytest.param("postgresql", p, id=f"postgresql-{p}") for p in POSTGRESQL_POINTS]
+STORE_POINTS = [pytest.param(store, p, id=f"{store}-{p}") for store in ("sqlite", "postgresql") for p in WORKER_POINTS]
 
 
 @pytest.mark.parametrize(("backend", "point"), STORE_POINTS, indirect=["backend"])

@@ -1,6 +1,7 @@
 """Approvals, live tool processes and unknown effects across kill -9 (issue 3), with real servers.
 
-Side effects are counted as lines in files on disk; only the model is scripted.
+Side effects are counted as lines in files on disk; only the model is scripted. Every test runs on both
+stores (``backend``: SQLite, and the control store and ledger in private PostgreSQL schemas).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import pytest
 
 from jupyter_goals.clients.rest import GoalsError
 from jupyter_goals.host.effect_files import kill_shell, shell_alive
-from tests.servers import ROOT, ServerProcess, db_rows, fired, lines, server_env, spawned, wait_spawned
+from tests.servers import ROOT, ServerProcess, db_rows, fired, lines, spawned, stored_server_env, wait_spawned
+from tests.storekit import Backend
 
 pytestmark = pytest.mark.slow
 
@@ -43,8 +45,8 @@ RULES: list[dict[str, Any]] = [
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    with server_env(tmp_path, RULES, base_env={"PYTHONPATH": str(ROOT)}) as e:
+def env(tmp_path: Path, backend: Backend) -> Iterator[dict[str, Any]]:
+    with stored_server_env(tmp_path, RULES, backend, base_env={"PYTHONPATH": str(ROOT)}) as e:
         yield e
 
 

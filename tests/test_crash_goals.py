@@ -1,7 +1,8 @@
 """Process-level Goal tests: real ``jupyter server`` processes, kill -9, restart (issue 4).
 
 Only the model is scripted. Nothing on the client side acts after the restart: the Goal goes on by
-itself. "Once" is proven from control.db rows (acceptance results, history records) and files on disk.
+itself. "Once" is proven from control store rows (acceptance results, history records) and files on
+disk. Every test runs on both stores (``backend``: SQLite, and private PostgreSQL schemas).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.servers import attempt_count, db_rows, full_passes, server_env, wait_for
+from tests.servers import attempt_count, db_rows, full_passes, stored_server_env, wait_for
+from tests.storekit import Backend
 
 pytestmark = pytest.mark.slow
 
@@ -42,8 +44,8 @@ RULES: list[dict[str, Any]] = [
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    with server_env(tmp_path, RULES) as e:
+def env(tmp_path: Path, backend: Backend) -> Iterator[dict[str, Any]]:
+    with stored_server_env(tmp_path, RULES, backend) as e:
         yield e
 
 

@@ -1,7 +1,9 @@
 """Subtasks and Jobs across kill -9 (issue 6): real ``jupyter server`` processes, real SIGKILLs.
 
 Only the model is scripted. "Once" is counted on disk: lines in ``out.txt`` for the child's side
-effect, delivered ``subtask_result`` items in the parent's transcript, rows in control.db.
+effect, delivered ``subtask_result`` items in the parent's transcript, rows in the control store. Every
+test runs on both stores (``backend``: SQLite, and the control store and ledger in private PostgreSQL
+schemas).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from tests.servers import (
     lines,
     new_session,
     sample_until,
-    server_env,
+    stored_server_env,
     wait_for,
     wait_spawned,
 )
+from tests.storekit import Backend
 
 pytestmark = pytest.mark.slow
 
@@ -61,8 +64,8 @@ RULES: list[dict[str, Any]] = [
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    with server_env(tmp_path, RULES) as e:
+def env(tmp_path: Path, backend: Backend) -> Iterator[dict[str, Any]]:
+    with stored_server_env(tmp_path, RULES, backend) as e:
         yield e
 
 

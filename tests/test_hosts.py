@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from jupyter_goals.host.effect_files import group_members
-from tests.servers import ServerProcess, full_passes, wait_for, write_script
-from tests.storekit import Backend, postgres_unreachable
+from tests.hostkit import Hosts, one_step_rules
+from tests.servers import ServerProcess, full_passes, wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -87,52 +87,6 @@ class Sampler(threading.Thread):
         self.join(timeout=10)
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """The control store and the ledger: private schemas of the real PostgreSQL database (CI fails
-    without it, elsewhere the tests skip)."""
-    if reason := postgres_unreachable():
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and {reason}")
-        pytest.skip(reason)
-    backend = Backend("postgresql", tmp_path)
-    try:
-        yield backend.url("control"), backend.url("usage")
-    finally:
-        backend.cleanup()
-
-
-class Hosts:
-    """Two servers on one store: host A and host B, each with its own state dir, one shared folder."""
-
-    def __init__(self, tmp_path: Path, store: tuple[str, str], rules: list[dict[str, Any]],
-                 extra: list[str] | None = None) -> None:
-        self.control_url, usage_url = store
-        self.root = tmp_path / "root"
-        self.root.mkdir()
-        model = write_script(tmp_path / "script.json", rules)
-        args = [f"--GoalsApp.control_db_url={self.control_url}", f"--GoalsApp.usage_db_url={usage_url}",
-                "--GoalsApp.max_concurrent_turns=4", *(extra or [])]
-        self.a = ServerProcess(tmp_path / "a" / "state", self.root, model=model, extra=args,
-                               env={"JUPYTER_GOALS_HOST_NAME": "host-a"})
-        self.b = ServerProcess(tmp_path / "b" / "state", self.root, model=model, extra=args,
-                               env={"JUPYTER_GOALS_HOST_NAME": "host-b"})
-        for s in (self.a, self.b):
-            s.state_dir.parent.mkdir(parents=True)
-
-    def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        """Rows of the shared control store, read the way an operator would."""
-        import psycopg
-        from psycopg.rows import dict_row
-
-        with psycopg.connect(self.control_url, row_factory=dict_row) as conn:
-            return [dict(r) for r in conn.execute(sql.replace("?", "%s"), params)]  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        self.a.kill()
-        self.b.kill()
-
-
 def post(server: ServerProcess, path: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(f"{server.url}api/goals/{path}", json=body, timeout=30,
                       headers={"Authorization": f"token {server.token}"})
@@ -160,8 +114,8 @@ def a_work_rows(hosts: Hosts, sessions: list[str]) -> list[tuple[Any, ...]]:
 
 @pytest.mark.slow
 def test_a_lost_host_waits_for_a_person_and_its_work_completes_on_the_host_that_takes_it_over(
-        tmp_path: Path, store: tuple[str, str]) -> None:
-    hosts = Hosts(tmp_path, store, _rules())
+        tmp_path: Path, hosts_store: tuple[str, str]) -> None:
+    hosts = Hosts(tmp_path, hosts_store, _rules())
     try:
         a, b = hosts.a.start(), hosts.b.start()
         ca, cb = a.client(), b.client()
@@ -261,19 +215,10 @@ def test_a_lost_host_waits_for_a_person_and_its_work_completes_on_the_host_that_
         hosts.close()
 
 
-def _one_step_rules() -> list[dict[str, Any]]:
-    return [
-        {"when": {"last_user_contains": "work", "tool_result_unknown": True}, "respond": {"text": "unknown; stop."}},
-        {"when": {"last_user_contains": "work", "last_tool_result_contains": "exit status"}, "respond": {"text": "ok"}},
-        {"when": {"last_user_contains": "work"}, "respond": {"text": "running", "tool_calls": [
-            {"name": "shell", "arguments": {"command": "sleep 30; echo once >> once.txt"}}]}},
-    ]
-
-
 @pytest.mark.slow
 def test_takeover_is_refused_while_the_host_lives_or_a_folder_is_missing_and_the_cli_moves_all_of_a_host(
-        tmp_path: Path, store: tuple[str, str]) -> None:
-    hosts = Hosts(tmp_path, store, _one_step_rules())
+        tmp_path: Path, hosts_store: tuple[str, str]) -> None:
+    hosts = Hosts(tmp_path, hosts_store, one_step_rules())
     try:
         a, b = hosts.a.start(), hosts.b.start()
         ca, cb = a.client(), b.client()
@@ -321,8 +266,8 @@ def test_takeover_is_refused_while_the_host_lives_or_a_folder_is_missing_and_the
 
 
 @pytest.mark.slow
-def test_allow_cross_host_takeover_takes_a_lost_hosts_work_by_itself(tmp_path: Path, store: tuple[str, str]) -> None:
-    hosts = Hosts(tmp_path, store, _one_step_rules(), extra=["--GoalsApp.allow_cross_host_takeover=True"])
+def test_allow_cross_host_takeover_takes_a_lost_hosts_work_by_itself(tmp_path: Path, hosts_store: tuple[str, str]) -> None:
+    hosts = Hosts(tmp_path, hosts_store, one_step_rules(), extra=["--GoalsApp.allow_cross_host_takeover=True"])
     try:
         a, b = hosts.a.start(), hosts.b.start()
         ca, cb = a.client(), b.client()
@@ -342,10 +287,10 @@ def test_allow_cross_host_takeover_takes_a_lost_hosts_work_by_itself(tmp_path: P
 
 @pytest.mark.slow
 def test_a_stop_pressed_on_one_host_ends_the_command_running_on_another_within_two_seconds(
-        tmp_path: Path, store: tuple[str, str]) -> None:
+        tmp_path: Path, hosts_store: tuple[str, str]) -> None:
     """The Stop is committed on B; A's worker, which owns the call, sees it through the store and kills
     the command's process group; B never signals anything (it has no such process)."""
-    hosts = Hosts(tmp_path, store, _one_step_rules())
+    hosts = Hosts(tmp_path, hosts_store, one_step_rules())
     try:
         a, b = hosts.a.start(), hosts.b.start()
         sid = str(a.client().create_session(title="stop", cwd=str(hosts.root),
@@ -372,5 +317,115 @@ def test_a_stop_pressed_on_one_host_ends_the_command_running_on_another_within_t
         [call] = hosts.rows("SELECT state FROM effects WHERE effect_id = ?", (effect_dir.name,))
         assert call["state"] == "cancelled"
         assert not (hosts.root / "once.txt").exists()
+    finally:
+        hosts.close()
+
+
+CHAIN = 30  # shell steps of the chat paused on host B, each a 0.3-second command appending one line
+#: no admission pass or claim check of their own within 30 s: only a wake-up can make them act sooner
+SLOW_TICKS = ["--GoalsApp.safety_tick_s=30", "--GoalsApp.reconcile_interval_s=30"]
+
+
+def _control_rules() -> list[dict[str, Any]]:
+    """``chain:``: CHAIN shell steps, step K appending ``chain:sK`` to chain.txt and printing ``did-sK.``;
+    ``approve:``: one command appending a line to approved.txt (its session in ``ask`` mode asks first)."""
+    def step(k: int) -> dict[str, Any]:
+        return {"text": f"step {k}.", "tool_calls": [{"name": "shell", "arguments": {
+            "command": f"sleep 0.3; echo chain:s{k} >> chain.txt; echo did-s{k}."}}]}
+
+    rules: list[dict[str, Any]] = [{"when": {"last_user_contains": "chain:", "last_tool_result_contains": f"did-s{CHAIN}."},
+                                    "respond": {"text": "chain done."}}]
+    rules += [{"when": {"last_user_contains": "chain:", "last_tool_result_contains": f"did-s{k - 1}."}, "respond": step(k)}
+              for k in range(CHAIN, 1, -1)]
+    return [*rules, {"when": {"last_user_contains": "chain:"}, "respond": step(1)},
+            {"when": {"last_user_contains": "approve:", "last_tool_result_contains": "exit status"}, "respond": {"text": "ran."}},
+            {"when": {"last_user_contains": "approve:"}, "respond": {"text": "asking.", "tool_calls": [
+                {"name": "shell", "arguments": {"command": "echo once >> approved.txt"}}]}}]
+
+
+def _hosts_of_attempts(hosts: Hosts, sid: str) -> set[str]:
+    """The hosts whose workers ran the session's attempts."""
+    return {r["host_name"] for r in hosts.rows("SELECT w.host_name FROM attempts a JOIN workers w ON w.worker_id ="
+                                               " a.worker_id WHERE a.session_id = ?", (sid,))}
+
+
+@pytest.mark.slow
+def test_a_pause_given_on_one_host_stops_the_steps_on_the_host_running_them_within_a_second_and_resume_continues_there(
+        tmp_path: Path, hosts_store: tuple[str, str], record_property: Callable[[str, object], None]) -> None:
+    """Host A's worker reads the Pause committed on B at its next step boundary (its fenced read of the
+    work item): the attempt ends ``control`` within 1 s of the Pause's commit (the ``work.control`` event's
+    time) and no call is dispatched after it; Resume on B is admitted and run by host A, never by B."""
+    hosts = Hosts(tmp_path, hosts_store, _control_rules())
+    try:
+        a, b = hosts.a.start(), hosts.b.start()
+        sid = str(a.client().create_session(title="chain", cwd=str(hosts.root),
+                                            permissions={"mode": "bypass"})["session"]["session_id"])
+        a.client().send(sid, "chain: append your lines", client_request_id="c")
+        committed = "SELECT COUNT(*) AS n FROM effects WHERE session_id = ? AND state = 'committed'"
+        wait_for(lambda: hosts.rows(committed, (sid,))[0]["n"] >= 3, timeout=60, what="three steps done on A")
+        live = "SELECT 1 FROM attempts WHERE session_id = ? AND state IN ('admitted', 'running')"
+        assert hosts.rows(live, (sid,)), "the chain ended before the Pause"
+        assert post(b, f"sessions/{sid}/actions", {"action": "pause"}).status_code == 200
+        answered = time.time()
+        [paused] = hosts.rows("SELECT ts FROM events WHERE session_id = ? AND kind = 'work.control'", (sid,))
+        wait_for(lambda: not hosts.rows(live, (sid,)), timeout=5, what="A's attempt to end after the Pause on B")
+        [ended] = hosts.rows("SELECT ended_at, end_reason FROM attempts WHERE session_id = ?", (sid,))
+        stopped_s, answer_s = ended["ended_at"] - paused["ts"], ended["ended_at"] - answered
+        record_property("pause_commit_to_attempt_end_s", stopped_s)
+        record_property("pause_answer_to_attempt_end_s", answer_s)
+        assert ended["end_reason"] == "control" and stopped_s < 1.0, (ended, stopped_s, answer_s)
+        full_passes(a, 2)  # no step afterwards: nothing dispatched, nothing admitted, no line added
+        full_passes(b, 2)
+        assert not hosts.rows("SELECT 1 FROM effects WHERE session_id = ? AND dispatched_at > ?", (sid, paused["ts"]))
+        assert not hosts.rows("SELECT 1 FROM effects WHERE session_id = ? AND state = 'dispatched'", (sid,))
+        done_steps = hosts.rows(committed, (sid,))[0]["n"]
+        assert len(hosts.rows("SELECT 1 FROM attempts WHERE session_id = ?", (sid,))) == 1
+        assert len((hosts.root / "chain.txt").read_text().splitlines()) == done_steps < CHAIN
+        assert b.client().session(sid)["work"]["phase"] == "paused"
+
+        assert post(b, f"sessions/{sid}/actions", {"action": "resume"}).status_code == 200
+        assert b.client().wait(sid, timeout=120)["work"]["phase"] == "done"
+        assert (hosts.root / "chain.txt").read_text().splitlines() == [f"chain:s{k}" for k in range(1, CHAIN + 1)]
+        assert _hosts_of_attempts(hosts, sid) == {"host-a"}  # resumed on A, never run on B
+        assert [r["host_name"] for r in hosts.rows("SELECT host_name FROM work_items WHERE session_id = ?", (sid,))] \
+            == ["host-a"]
+    finally:
+        hosts.close()
+
+
+@pytest.mark.slow
+def test_an_approval_decided_on_one_host_runs_the_call_once_on_the_host_that_owns_it_within_a_second(
+        tmp_path: Path, hosts_store: tuple[str, str], record_property: Callable[[str, object], None]) -> None:
+    """The decision committed on B wakes A (``NOTIFY`` on the admission channel; A's own passes and claim
+    checks are 30 s apart): A admits the work and its worker dispatches the approved call within 1 s of the
+    decision's commit (``decided_at``), once."""
+    hosts = Hosts(tmp_path, hosts_store, _control_rules(), extra=SLOW_TICKS)
+    try:
+        a, b = hosts.a.start(), hosts.b.start()
+        sid = str(a.client().create_session(title="ask", cwd=str(hosts.root))["session"]["session_id"])
+        a.client().send(sid, "approve: append once", client_request_id="p")
+        wait_for(lambda: bool(b.client().approvals("pending")), timeout=60, what="A's approval, seen on B")
+        [approval] = b.client().approvals("pending")
+        wait_for(lambda: not hosts.rows("SELECT 1 FROM attempts WHERE session_id = ? AND state IN ('admitted', 'running')",
+                                        (sid,)), timeout=10, what="A's attempt to end awaiting the approval")
+        assert not (hosts.root / "approved.txt").exists()
+        r = post(b, f"approvals/{approval['approval_id']}", {"decision": "approve"})
+        answered = time.time()
+        assert r.status_code == 200, r.text
+        call = "SELECT e.dispatched_at, p.decided_at FROM effects e JOIN approvals p ON p.call_id = e.call_id" \
+               " WHERE p.approval_id = ?"
+        wait_for(lambda: hosts.rows(call, (approval["approval_id"],))[0]["dispatched_at"] is not None, timeout=5,
+                 what="A's worker to run the approved call")
+        [ran] = hosts.rows(call, (approval["approval_id"],))
+        latency_s, answer_s = ran["dispatched_at"] - ran["decided_at"], ran["dispatched_at"] - answered
+        record_property("decision_commit_to_dispatch_s", latency_s)
+        record_property("decision_answer_to_dispatch_s", answer_s)
+        assert latency_s < 1.0, (latency_s, answer_s)
+        assert b.client().wait(sid, timeout=30)["work"]["phase"] == "done"
+        [used] = hosts.rows("SELECT w.host_name FROM approvals p JOIN attempts a ON a.attempt_id = p.consumed_by_attempt"
+                            " JOIN workers w ON w.worker_id = a.worker_id WHERE p.approval_id = ?", (approval["approval_id"],))
+        assert used["host_name"] == "host-a" and _hosts_of_attempts(hosts, sid) == {"host-a"}
+        assert [r["state"] for r in hosts.rows("SELECT state FROM effects WHERE session_id = ?", (sid,))] == ["committed"]
+        assert (hosts.root / "approved.txt").read_text().splitlines() == ["once"]
     finally:
         hosts.close()

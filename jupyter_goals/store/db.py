@@ -149,8 +149,7 @@ class Tx:
         """Suffix for a SELECT that must hold its rows until commit (a fence read).
 
         SQLite needs none: every write transaction is ``BEGIN IMMEDIATE`` and holds the database's
-        write lock. PostgreSQL: ``FOR SHARE`` makes a concurrent ``UPDATE`` of the row wait for us.
-        """
+        write lock. PostgreSQL: ``FOR SHARE`` makes a concurrent ``UPDATE`` of the row wait for us."""
         return "" if self.dialect == "sqlite" else " FOR SHARE"
 
     def insert_seq(
@@ -158,12 +157,12 @@ class Tx:
     ) -> int | None:
         """Insert one row into an append-only log whose ``seq`` orders rows by commit; returns its seq.
 
-        With ``unique`` (a unique column), a row whose key is already present is left alone and
-        ``None`` is returned. SQLite: ``seq`` is the rowid (``INTEGER PRIMARY KEY``); writers are
-        serialized, so max + 1 is commit order and no counter page is written (rows are never
-        deleted, so a rowid is never reused). PostgreSQL: sequences are not commit-ordered, so a
-        counter row's lock orders concurrent writers.
-        """
+        With ``unique`` (a unique column), a row whose key is already present is left alone and ``None``
+        is returned. SQLite: ``seq`` is the rowid (``INTEGER PRIMARY KEY``); writers are serialized, so
+        max + 1 is commit order and no counter page is written (rows are never deleted, so a rowid is
+        never reused). PostgreSQL: sequences are not commit-ordered, so a counter row's lock orders
+        concurrent writers, the event counter's first (a transcript append emits its event next: a
+        writer holding the transcript counter while another held the event counter deadlocked)."""
         if self.dialect == "sqlite":
             cur = self._conn.execute(_insert_sql(table, tuple(columns), unique, True), tuple(values))
             row = cur.fetchone()
@@ -171,6 +170,8 @@ class Tx:
             return None if row is None else int(row[0])
         if unique and self.one(f"SELECT seq FROM {table} WHERE {unique} = ?", (values[list(columns).index(unique)],)):
             return None
+        if counter != "event_seq":
+            self.execute("SELECT value FROM counters WHERE name = 'event_seq' FOR UPDATE")
         seq = int(self.scalar("UPDATE counters SET value = value + 1 WHERE name = ? RETURNING value", (counter,)))
         self.execute(_insert_sql(table, ("seq", *columns), None, False), (seq, *values))
         return seq
@@ -243,8 +244,7 @@ class Database:
     ``inline=True`` runs SQLite transactions directly in the calling thread: used by worker
     processes, whose event loop exists to run durable steps (see docs/architecture.md).
     Otherwise read-only transactions (``write=False``) run on a connection and thread of their own,
-    so a read never queues behind a write transaction that waits for the database's write lock.
-    """
+    so a read never queues behind a write transaction that waits for the database's write lock."""
 
     def __init__(self, url: str, *, inline: bool = False, busy_timeout_ms: int = 10000) -> None:
         self.url = url
