@@ -311,6 +311,9 @@ async def test_a_representative_answer_of_every_route_matches_its_schema(api: Ap
     approval_id = pending["approvals"][0]["approval_id"]
     await check("post", "/approvals/{approval_id}", f"approvals/{approval_id}", 200, {"decision": "approve"})
     await check("post", "/approvals/{approval_id}", f"approvals/{approval_id}", 409, {"decision": "deny"})
+    await check("get", "/approvals/{approval_id}", f"approvals/{approval_id}", 200)
+    await check("get", "/sessions/{session_id}", f"sessions/{sid}", 200,
+                params={"work_id": snapshot["work"]["work_id"], "limit": 2})
     await run_turn()
     await check("get", "/sessions/{session_id}", f"sessions/{sid}", 200, params={"before": "latest", "limit": 2})
     await check("post", "/sessions/{session_id}/messages", f"sessions/{sid}/messages", 202,

@@ -95,6 +95,13 @@ class ApprovalHandler(GoalsHandler):
     @tornado.web.authenticated
     @authorized
     @api
+    async def get(self, approval_id: str) -> None:
+        """``GET /approvals/{id}``: one approval as ``GET /approvals`` lists it (a notebook's approval card)."""
+        self.answer(await self.service.queries.approval(approval_id))
+
+    @tornado.web.authenticated
+    @authorized
+    @api
     async def post(self, approval_id: str) -> None:
         body = self.body(ApprovalDecision)
         self.answer(await self.service.commands.decide_approval(approval_id, body.decision, body.always,

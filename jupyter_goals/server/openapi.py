@@ -63,7 +63,8 @@ SESSION_STATES = tuple(sorted({*(p.value for p in Phase), "idle"}))
 APPROVAL_STATES = ("pending", "approved", "denied", "consumed", "invalidated")
 PROVIDERS = get_args(ModelSpec.model_fields["provider"].annotation)  # the prefixes of providers/catalog.spec_of
 # ``store/shared.new_id``: prefix, then hex (20 digits in the first version, 24 since ids are time-ordered)
-ID_PREFIX = {"session_id": "ses", "goal_id": "goal", "approval_id": "apr", "record_id": "hist", "job_id": "job"}
+ID_PREFIX = {"session_id": "ses", "goal_id": "goal", "approval_id": "apr", "record_id": "hist", "job_id": "job",
+             "work_id": "wrk"}
 
 
 # ``PUT /notebook-session``'s ``path`` as ``params.notebook_api_path`` reads it, once ``str.strip`` has taken
@@ -142,7 +143,9 @@ OPERATIONS: tuple[Operation, ...] = (
                      Query("q", _STR, "text in the title"))),
     Operation("post", "/sessions", "Create a session", a.SessionCreated, body=CreateSession, ok=(201,)),
     Operation("get", "/sessions/{session_id}", "Session snapshot with a transcript page", a.Snapshot,
-              query=(_AFTER, _BEFORE, _LIMIT), errors=(400, 404, 503)),
+              query=(_AFTER, _BEFORE, _LIMIT, Query("work_id", id_schema("work_id"), "only this work item's"
+                     " transcript items (the page and its cursors over them alone); 404 when it is not of this"
+                     " session")), errors=(400, 404, 503)),
     Operation("patch", "/sessions/{session_id}", "Rename a session, change its model or its permission scope",
               a.Snapshot, body=UpdateSession, errors=(400, 404, 409, 503),
               description="A field left out stays as it is; the answer is the session's snapshot. A new `model` applies"
@@ -166,6 +169,8 @@ OPERATIONS: tuple[Operation, ...] = (
               Attention),
     Operation("get", "/approvals", "Approvals, optionally by state", a.ApprovalList,
               query=(Query("state", {"enum": list(APPROVAL_STATES)}),)),
+    Operation("get", "/approvals/{approval_id}", "One approval, as `GET /approvals` lists it", a.Approval,
+              errors=(404, 503)),
     Operation("post", "/approvals/{approval_id}", "Approve or deny a pending call", a.ApprovalDecided,
               body=ApprovalDecision, errors=(400, 404, 409, 503)),
     Operation("get", "/events", "Server-Sent Events after a seq, or `format=json` pages", a.EventPage,

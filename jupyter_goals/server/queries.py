@@ -113,16 +113,19 @@ class Queries:
         return await self.read(run)
 
     async def snapshot(self, session_id: str, after: int = 0, limit: int = 500,
-                       before: int | None = None) -> a.Snapshot:
+                       before: int | None = None, work_id: str | None = None) -> a.Snapshot:
         """The session snapshot; its transcript page is ``limit`` items after ``after`` or, with
-        ``before`` (a seq, or ``LATEST``), the ``limit`` items just before it, in seq order."""
+        ``before`` (a seq, or ``LATEST``), the ``limit`` items just before it, in seq order; with
+        ``work_id``, that work item's items only (404 for a work item not of this session)."""
 
         def run(tx: Tx) -> dict[str, Any]:
             s = c.get_session(tx, session_id)
+            if work_id is not None and c.get_work(tx, work_id)["session_id"] != session_id:
+                raise c.NotFound(f"work item {work_id} is not of session {session_id}")
             work = c.current_work(tx, session_id)
             owner = takeover.owner_of(tx, work, host_name()) if work else None  # another host's work
             goal = goal_store.current_goal(tx, session_id)  # the composer shows the current Goal only
-            page = c.transcript_page(tx, session_id, limit=limit, after=after, before=before)
+            page = c.transcript_page(tx, session_id, limit=limit, after=after, before=before, work_id=work_id)
             page["items"] = with_call_states(tx, page["items"])  # a running call reads dispatched, not planned
             return {
                 "session": session_view(s),
@@ -210,6 +213,10 @@ class Queries:
 
     async def approvals(self, state: str | None) -> a.ApprovalList:
         return a.ApprovalList.model_validate({"approvals": await self.read(lambda tx: c.list_approvals(tx, state))})
+
+    async def approval(self, approval_id: str) -> a.Approval:
+        """``GET /approvals/{id}``: one approval as ``GET /approvals`` lists it (404 when unknown)."""
+        return a.Approval.model_validate(await self.read(lambda tx: c.get_approval(tx, approval_id)))
 
     async def events(self, after: int, limit: int) -> a.EventPage:
         self.stores.check()

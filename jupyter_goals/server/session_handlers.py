@@ -53,7 +53,8 @@ class SessionHandler(GoalsHandler):
     @authorized
     @api
     async def get(self, session_id: str) -> None:
-        """``?after=SEQ&limit=N`` pages forward; ``?before=SEQ|latest&limit=N`` pages back (newest first)."""
+        """``?after=SEQ&limit=N`` pages forward; ``?before=SEQ|latest&limit=N`` pages back (newest first);
+        ``&work_id=W``: that work item's items only (a notebook's chat card), 404 when W is not of this session."""
         after = self.int_arg("after", 0, minimum=0)
         limit = min(self.int_arg("limit", 500, minimum=1), openapi.MAX_PAGE)
         raw = self.query_arg("before")
@@ -67,7 +68,8 @@ class SessionHandler(GoalsHandler):
                 before = int(raw)
             else:
                 raise ApiError(400, "bad_request", "before must be a seq or 'latest'")
-        self.answer(await self.service.queries.snapshot(session_id, after, limit, before))
+        work_id = self.id_arg("work_id")
+        self.answer(await self.service.queries.snapshot(session_id, after, limit, before, work_id))
 
     @tornado.web.authenticated
     @authorized

@@ -51,6 +51,7 @@ __all__ = [
     "approval_view",
     "supersede_approval",
     "approval_for_call",
+    "get_approval",
     "decide_approval",
     "list_approvals",
 ]
@@ -427,6 +428,14 @@ def supersede_approval(tx: Tx, approval: Row, reason: str) -> None:
 
 def approval_for_call(tx: Tx, call_id: str) -> Row | None:
     return tx.one("SELECT * FROM approvals WHERE call_id = ? ORDER BY created_at DESC LIMIT 1", (call_id,))
+
+
+def get_approval(tx: Tx, approval_id: str) -> dict[str, Any]:
+    """One approval as ``list_approvals`` shows it (``GET /approvals/{id}``); NotFound when unknown."""
+    row = tx.one("SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
+    if row is None:
+        raise NotFound(f"approval {approval_id} not found")
+    return approval_view(row)
 
 
 def decide_approval(tx: Tx, approval_id: str, decision: str) -> Row:

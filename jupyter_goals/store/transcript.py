@@ -107,23 +107,26 @@ def transcript(tx: Tx, session_id: str, after: int = 0, limit: int = 100000) -> 
 
 
 def transcript_page(tx: Tx, session_id: str, *, limit: int, after: int | None = None,
-                    before: int | None = None) -> dict[str, Any]:
+                    before: int | None = None, work_id: str | None = None) -> dict[str, Any]:
     """One page of a transcript in seq order: the ``limit`` items after ``after``, or the ``limit``
     items just before ``before`` (``None`` for both: from the start). ``next_cursor`` (pass as
     ``after``) / ``prev_cursor`` (pass as ``before``) are set while newer / older items exist. Index
-    seeks on (session_id, seq) only, so a page costs the same in a 20,000-item transcript."""
+    seeks on (session_id, seq) only, so a page costs the same in a 20,000-item transcript. ``work_id``:
+    only that work item's items (pages and cursors over them alone; the seek stays on (session_id, seq),
+    the other work items' rows in between are skipped by the filter)."""
+    only, args = ("", ()) if work_id is None else (" AND work_id = ?", (work_id,))
     if before is not None:
-        rows = tx.all("SELECT * FROM transcript WHERE session_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
-                      (session_id, before, limit + 1))
+        rows = tx.all(f"SELECT * FROM transcript WHERE session_id = ?{only} AND seq < ? ORDER BY seq DESC LIMIT ?",
+                      (session_id, *args, before, limit + 1))
         older = len(rows) > limit
         rows = rows[:limit][::-1]
-        newer = bool(rows) and _has_item(tx, session_id, ">", rows[-1]["seq"])
+        newer = bool(rows) and _has_item(tx, session_id, ">", rows[-1]["seq"], work_id)
     else:
-        rows = tx.all("SELECT * FROM transcript WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                      (session_id, after or 0, limit + 1))
+        rows = tx.all(f"SELECT * FROM transcript WHERE session_id = ?{only} AND seq > ? ORDER BY seq LIMIT ?",
+                      (session_id, *args, after or 0, limit + 1))
         newer = len(rows) > limit
         rows = rows[:limit]
-        older = bool(rows) and _has_item(tx, session_id, "<", rows[0]["seq"])
+        older = bool(rows) and _has_item(tx, session_id, "<", rows[0]["seq"], work_id)
     items = [_item(r) for r in rows]
     return {"items": [i.model_dump() for i in items],
             "next_cursor": items[-1].seq if newer else None,
@@ -144,7 +147,10 @@ def with_call_states(tx: Tx, items: list[dict[str, Any]]) -> list[dict[str, Any]
     return items
 
 
-def _has_item(tx: Tx, session_id: str, op: str, seq: int) -> bool:
+def _has_item(tx: Tx, session_id: str, op: str, seq: int, work_id: str | None = None) -> bool:
+    if work_id is not None:
+        return tx.one(f"SELECT seq FROM transcript WHERE session_id = ? AND work_id = ? AND seq {op} ? LIMIT 1",
+                      (session_id, work_id, seq)) is not None
     return tx.one(f"SELECT seq FROM transcript WHERE session_id = ? AND seq {op} ? LIMIT 1", (session_id, seq)) is not None
 
 

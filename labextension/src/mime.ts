@@ -3,7 +3,8 @@ import { ServerConnection } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
 import {
-  IApprovalList,
+  GoalsAPIError,
+  IApproval,
   IGoal,
   IGoalsEvent,
   IHistoryRecord,
@@ -161,10 +162,18 @@ class ApprovalOutput extends LiveOutput {
   protected readonly kind = 'approval';
 
   protected async load(): Promise<HTMLElement> {
-    const { approvals } = await requestGoalsAPI<IApprovalList>('approvals', this.settings);
-    const approval = approvals.find(a => a.approval_id === this.ids.approval_id);
-    if (!approval) {
-      throw new Error(`approval ${this.ids.approval_id} not found on this server`);
+    let approval: IApproval;
+    try {
+      // the one approval it shows (GET /approvals/{id}), not every approval of the server
+      approval = await requestGoalsAPI<IApproval>(
+        `approvals/${encodeURIComponent(this.ids.approval_id ?? '')}`,
+        this.settings
+      );
+    } catch (error) {
+      if (error instanceof GoalsAPIError && error.status === 404) {
+        throw new Error(`approval ${this.ids.approval_id} not found on this server`);
+      }
+      throw error;
     }
     return approvalView(approval, decision =>
       this.act(`approvals/${encodeURIComponent(approval.approval_id)}`, { decision })
@@ -198,6 +207,10 @@ class HistoryOutput extends LiveOutput {
 /** Transcript kinds a chat card shows (Goal prompts and records are internal). */
 const CHAT_KINDS = new Set(['user', 'assistant', 'tool_call', 'tool_result', 'interruption', 'reconciliation', 'notice']);
 
+/** A chat card reads its work item's items in pages of this many (at most this many pages). */
+const CHAT_PAGE = 500;
+const CHAT_MAX_PAGES = 10;
+
 /**
  * `%chat`: one message of the notebook's session and its answer, read from the session's
  * transcript (the items of the message's work item) and its work state while it is current.
@@ -207,10 +220,20 @@ class ChatOutput extends LiveOutput {
 
   protected async load(): Promise<HTMLElement> {
     const sid = encodeURIComponent(this.ids.session_id ?? '');
-    const snap = await requestGoalsAPI<ISessionSnapshot>(`sessions/${sid}?after=0&limit=5000`, this.settings);
-    const items = (snap.transcript?.items ?? []).filter(
-      (i: ITranscriptItem) => i.work_id === this.ids.work_id && CHAT_KINDS.has(i.kind)
-    );
+    const workId = this.ids.work_id ?? '';
+    // only its work item's items (`?work_id=`), a page at a time while that work item has more
+    const only = workId ? `work_id=${encodeURIComponent(workId)}&` : '';
+    let snap = await requestGoalsAPI<ISessionSnapshot>(`sessions/${sid}?${only}after=0&limit=${CHAT_PAGE}`, this.settings);
+    const found: ITranscriptItem[] = workId ? [...(snap.transcript?.items ?? [])] : [];
+    for (let pages = 1; workId && snap.transcript?.next_cursor != null && pages < CHAT_MAX_PAGES; pages++) {
+      const after = snap.transcript.next_cursor;
+      snap = await requestGoalsAPI<ISessionSnapshot>(
+        `sessions/${sid}?${only}after=${after}&limit=${CHAT_PAGE}`,
+        this.settings
+      );
+      found.push(...(snap.transcript?.items ?? []));
+    }
+    const items = found.filter((i: ITranscriptItem) => i.work_id === workId && CHAT_KINDS.has(i.kind));
     const node = el('div', 'jp-goals-chat', undefined, 'goals-chat');
     node.dataset.workId = this.ids.work_id ?? '';
     const settled = new Set(items.filter(i => i.kind === 'reconciliation').map(i => i.call_id));
