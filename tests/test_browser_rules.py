@@ -95,3 +95,32 @@ def test_always_allow_lists_the_rule_with_who_and_when_and_revoking_it_makes_the
             dialog.get_by_role("button", name="Cancel").click()
         finally:
             lab.close()
+
+
+def test_always_allow_from_the_panels_inbox_runs_the_call_and_records_the_rule(
+        browser: Browser, tmp_path: Path) -> None:
+    """The Goals panel's "Waiting for you" list offers Always allow beside Approve and Deny (as the chat view,
+    the panel's session detail and the notebook's approval card do): it runs the waiting call once and adds its
+    tool to the chat's rules, recorded as added through an approval."""
+    model = write_script(tmp_path / "shell.json", [
+        {"when": {"last_tool_result_contains": ""}, "respond": {"text": "it ran"}},
+    ], default={"tool_calls": [{"name": "shell", "arguments": {"command": "echo ran >> ran.log"}}]})
+    with run_jupyter_lab(tmp_path) as started:
+        server = goals_ready(started)
+        sid = api(server, "POST", "sessions", {"title": "inbox chat", "model": model,
+                                               "permissions": {"mode": "ask"}})["session_id"]
+        api(server, "POST", f"sessions/{sid}/messages", {"text": "run it", "client_request_id": "i-1"})
+        wait_until(lambda: api(server, "GET", "attention")["count"] == 1, "the approval waiting", 60)
+        lab = LabPage.open(browser, server)
+        try:
+            lab.open_goals_sidebar()
+            inbox = lab.page.locator(lab.sidebar).get_by_role("region", name="Waiting for you")
+            item = inbox.locator('[data-testid="goals-inbox-item"]').filter(has_text="inbox chat")
+            item.get_by_role("button", name="Always allow").click()
+            wait_until(lambda: (server.root_dir / "ran.log").exists(), "the approved command", 30)
+            wait_until(lambda: api(server, "GET", f"sessions/{sid}")["work"]["phase"] == "done", "the turn", 30)
+            [rule] = api(server, "GET", f"sessions/{sid}")["allow_rules"]
+            assert (rule["rule"], rule["via"]) == ("shell", "approval") and rule["added_by"], rule
+            assert len((server.root_dir / "ran.log").read_text().splitlines()) == 1
+        finally:
+            lab.close()

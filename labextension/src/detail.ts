@@ -207,8 +207,14 @@ export class SessionDetail {
       box.append(el('div', 'jp-goals-subheading', 'Waiting for you'));
       for (const approval of snapshot.approvals) {
         box.append(
-          approvalView(approval, decision =>
-            this._act(`approvals/${encodeURIComponent(approval.approval_id)}`, { decision })
+          approvalView(
+            approval,
+            (decision, always) =>
+              this._act(`approvals/${encodeURIComponent(approval.approval_id)}`, {
+                decision,
+                ...(always ? { always: true } : {})
+              }),
+            { always: true }
           )
         );
       }

@@ -125,6 +125,9 @@ export class AttentionInbox {
           const id = item.approval_id;
           bar.append(
             button('Approve', 'goals-inbox-approve', () => void this._post(`approvals/${encodeURIComponent(id)}`, { decision: 'approve' })),
+            button('Always allow', 'goals-inbox-always',
+              () => void this._post(`approvals/${encodeURIComponent(id)}`, { decision: 'approve', always: true }),
+              `Approve, and always allow ${item.tool ?? 'this tool'} in this chat (revocable in Permissions)`),
             button('Deny', 'goals-inbox-deny', () => void this._post(`approvals/${encodeURIComponent(id)}`, { decision: 'deny' }))
           );
         }

@@ -175,8 +175,14 @@ class ApprovalOutput extends LiveOutput {
       }
       throw error;
     }
-    return approvalView(approval, decision =>
-      this.act(`approvals/${encodeURIComponent(approval.approval_id)}`, { decision })
+    return approvalView(
+      approval,
+      (decision, always) =>
+        this.act(`approvals/${encodeURIComponent(approval.approval_id)}`, {
+          decision,
+          ...(always ? { always: true } : {})
+        }),
+      { always: true }
     );
   }
 
