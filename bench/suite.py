@@ -187,8 +187,22 @@ def long_loop(quick: bool, ctx: dict[str, Any]) -> list[Figure]:
                    r["snapshot_p90_ms_while_busy"] < 100, "")]
 
 
+def rest(quick: bool, ctx: dict[str, Any]) -> list[Figure]:
+    from bench import rest_count
+
+    n = _size(quick, 100, 10)
+    r = rest_count.run(n, idle_s=5.0 if quick else 10.0)
+    value = r["requests_per_event"]
+    ok = value <= 1
+    return [Figure("rest_requests_per_event", f"REST requests a JupyterLab page (Goals panel, two chats, a notebook "
+                   f"with four cards) makes per change driven over REST, {n} changes (the figure before one "
+                   "client-side store)", value, "req/change", None, "", None, "≤ 1 per event", ok,
+                   rest_count.explain(r), detail=r)]
+
+
 #: name → runner, in the order they run (cheap and independent ones first)
 BENCHMARKS: dict[str, Runner] = {
     "step": step, "step_pg": step_pg, "events": events, "resume": resume, "recovery": recovery,
     "recovery_pg": recovery_pg, "throughput": throughput, "approvals": approvals, "idle": idle, "long": long_loop,
+    "rest": rest,
 }
