@@ -207,15 +207,7 @@ export class SessionDetail {
       box.append(el('div', 'jp-goals-subheading', 'Waiting for you'));
       for (const approval of snapshot.approvals) {
         box.append(
-          approvalView(
-            approval,
-            (decision, always) =>
-              this._act(`approvals/${encodeURIComponent(approval.approval_id)}`, {
-                decision,
-                ...(always ? { always: true } : {})
-              }),
-            { always: true }
-          )
+          approvalView(approval, (path, body) => this._act(path, body))
         );
       }
       parts.push(box);

@@ -175,15 +175,7 @@ class ApprovalOutput extends LiveOutput {
       }
       throw error;
     }
-    return approvalView(
-      approval,
-      (decision, always) =>
-        this.act(`approvals/${encodeURIComponent(approval.approval_id)}`, {
-          decision,
-          ...(always ? { always: true } : {})
-        }),
-      { always: true }
-    );
+    return approvalView(approval, (path, body) => this.act(path, body));
   }
 
   protected concerns(event: IGoalsEvent): boolean {

@@ -372,15 +372,7 @@ export class SessionView extends Widget {
       approvals.push(el('div', 'jp-goals-subheading', 'Waiting for you'));
       for (const approval of snapshot.approvals) {
         approvals.push(
-          approvalView(
-            approval,
-            (decision, always) =>
-              this._act(`approvals/${encodeURIComponent(approval.approval_id)}`, {
-                decision,
-                ...(always ? { always: true } : {})
-              }),
-            { always: true }
-          )
+          approvalView(approval, (path, body) => this._act(path, body))
         );
       }
     }

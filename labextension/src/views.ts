@@ -251,13 +251,13 @@ export function goalView(goal: IGoal, options: IGoalViewOptions = {}): HTMLEleme
 }
 
 /**
- * A tool call waiting for a person: Approve / Deny while pending (and Always allow, approving it and
- * adding its tool to the chat's allow rules, where the caller passes `always: true`), its outcome after.
+ * A tool call waiting for a person: Approve / Always allow (approve it and add its tool to the chat's
+ * allow rules) / Deny while pending, each one `POST approvals/{id}` through `post`; its outcome after.
+ * Without `post` the card is read-only.
  */
 export function approvalView(
   approval: IApproval,
-  onDecide?: (decision: 'approve' | 'deny', always?: boolean) => Promise<void>,
-  options: { always?: boolean } = {}
+  post?: (path: string, body: RequestBody) => Promise<void>
 ): HTMLElement {
   const root = el('div', 'jp-goals-approval', undefined, 'goals-approval');
   root.dataset.approvalId = approval.approval_id;
@@ -292,18 +292,18 @@ export function approvalView(
       )
     );
   }
-  if (onDecide && approval.state === 'pending') {
+  if (post && approval.state === 'pending') {
     const bar = el('div', 'jp-goals-actions', undefined, 'goals-approval-actions');
-    const approve = button('Approve', 'goals-approval-approve', () => decide('approve'));
-    const deny = button('Deny', 'goals-approval-deny', () => decide('deny'));
-    const buttons = [approve, deny];
-    if (options.always) {
-      buttons.splice(1, 0, button('Always allow', 'goals-approval-always', () => decide('approve', true),
-        `Approve, and always allow ${approval.tool} in this chat (revocable in Permissions)`));
-    }
+    const buttons = [
+      button('Approve', 'goals-approval-approve', () => decide('approve')),
+      button('Always allow', 'goals-approval-always', () => decide('approve', true),
+        `Approve, and always allow ${approval.tool} in this chat (revocable in Permissions)`),
+      button('Deny', 'goals-approval-deny', () => decide('deny'))
+    ];
     const decide = (decision: 'approve' | 'deny', always = false) => {
       buttons.forEach(b => (b.disabled = true));
-      void onDecide(decision, always).finally(() => {
+      const body = always ? { decision, always: true } : { decision };
+      void post(`approvals/${encodeURIComponent(approval.approval_id)}`, body).finally(() => {
         buttons.forEach(b => (b.disabled = false));
       });
     };
