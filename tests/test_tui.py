@@ -17,6 +17,7 @@ pytest.importorskip("textual")
 
 from textual.command import CommandList, CommandPalette  # noqa: E402
 
+from jupyter_goals.clients.tui import approval as approval_module  # noqa: E402
 from jupyter_goals.clients.tui.approval import ApprovalScreen  # noqa: E402
 from jupyter_goals.clients.tui.keys import SCREENS, HelpScreen, key_rows  # noqa: E402
 from jupyter_goals.clients.tui.link import UNREACHABLE  # noqa: E402
@@ -174,9 +175,13 @@ async def test_older_pages_are_read_when_scrolled_to_the_top(server: ServerProce
         await until(pilot, lambda: min(screen.state.items) == 1, "the older page")
 
 
-async def test_key_typed_as_the_approval_arrives_never_answers_it(server: ServerProcess, servers: ServerFactory) -> None:
+async def test_key_typed_as_the_approval_arrives_never_answers_it(server: ServerProcess, servers: ServerFactory,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     client = server.client()
     sid = client.create_session(title="ask")["session_id"]
+    # A loaded machine can stall the test's own loop for more than the real half second between the modal
+    # appearing and the key: while the key is pressed the guard is a minute, then the real one again.
+    monkeypatch.setattr(approval_module, "GUARD_S", 60.0)
     app = tui(server, resume=sid)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, SessionScreen) and bool(app.screen.state.snap), "the session")
@@ -185,6 +190,7 @@ async def test_key_typed_as_the_approval_arrives_never_answers_it(server: Server
         await pilot.press("y")  # the instant it appears
         await pilot.press("y")
         assert "Key ignored" in shown(app)
+        monkeypatch.setattr(approval_module, "GUARD_S", 0.5)
         assert [a["state"] for a in await asyncio.to_thread(pending, server)] == ["pending"]
         modal = app.screen
         assert isinstance(modal, ApprovalScreen)
