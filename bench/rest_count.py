@@ -1,4 +1,4 @@
-"""How many REST requests a JupyterLab page makes per change it shows (issue 32 item 8's "before").
+"""How many REST requests a JupyterLab page makes per change it shows (issue 32 item 8).
 
 A real ``jupyter lab`` (the installed labextension, a scripted model) and headless Chromium (Debian's
 ``/usr/bin/chromium`` through playwright) show what a person keeps open: the Goals panel with one chat
@@ -12,9 +12,9 @@ approval card) before the next is sent.
 
 Counted: every request the page makes under ``/api/goals/`` (playwright's ``page.on("request")``) except
 the event stream ``/api/goals/events``, from the first driven change until the page is quiet again: the
-last change's effect is visible and then no counted request for 2 s (a request restarts the 2 s). The
-page's timers run meanwhile (the panel's 5 s backstop refresh): their requests count, as a person's page
-makes them; an idle window before the first change measures them alone. Each request is charged to the
+last change's effect is visible and then no counted request for 2 s (a request restarts the 2 s). A
+timer of the page would count too, as a person's page makes its requests (it has none: nothing polls);
+an idle window before the first change measures them alone. Each request is charged to the
 change whose POST it follows (by the request's start time), which gives the breakdown by kind of change
 and by URL pattern.
 
@@ -334,8 +334,7 @@ def explain(r: dict[str, Any], top: int = 6) -> str:
     idle = r["idle"]
     return (f"{r['requests']} requests for {n} changes ({r['log_events']} log events) over {r['window_s']} s. "
             f"Per change by URL: {pats}. Per kind of change: {kinds}. Idle page: {idle['requests']} requests "
-            f"in {idle['seconds']:g} s ({', '.join(idle['by_pattern']) or 'none'}); every view re-reads REST on "
-            "events instead of one store fed by the event stream")
+            f"in {idle['seconds']:g} s ({', '.join(idle['by_pattern']) or 'none'})")
 
 
 def main(argv: list[str] | None = None) -> int:

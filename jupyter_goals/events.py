@@ -136,6 +136,8 @@ class WorkPhasePayload(BaseModel):
     reason_code: str
     reason: str
     desired_state: DesiredState
+    #: the work now waits for a person (failed, or a reason only a person lifts): ``GET /attention`` lists it
+    needs_person: bool = False
 
 
 class WorkControlPayload(BaseModel):

@@ -96,3 +96,16 @@ async def test_the_snapshot_lists_each_rule_with_who_added_it_and_always_allow_r
     assert snap["session"]["permissions"]["allow"] == ["grep", "shell", "write_file"]
     rule: dict[str, Any] = snap["allow_rules"][2]
     assert (rule["rule"], rule["via"]) == ("write_file", "approval") and rule["added_by"].startswith("Anonymous")
+
+    # a Job started from the chat runs under a copy of its rules: each keeps who added it and when
+    job = await api.ok("POST", "jobs", {"session_id": sid, "input": "summarise", "client_request_id": "j-1"}, expect=202)
+    job_snap = await api.ok("GET", f"sessions/{job['session_id']}", params={"before": "latest", "limit": 1})
+    assert [(r["rule"], r["added_by"], r["added_at"], r["via"]) for r in job_snap["allow_rules"]] == [
+        (r["rule"], r["added_by"], r["added_at"], "inherited") for r in snap["allow_rules"]]
+    # a notebook's session records its rules as added by the person whose kernel asked for it (a token
+    # request's person is a new "Anonymous …" each time)
+    bound = await api.ok("PUT", "notebook-session", {"path": "n.ipynb", "permissions": {"mode": "ask", "allow": ["grep"]}},
+                         expect=201)
+    nb_snap = await api.ok("GET", f"sessions/{bound['session_id']}", params={"before": "latest", "limit": 1})
+    [nb_rule] = nb_snap["allow_rules"]
+    assert (nb_rule["rule"], nb_rule["via"]) == ("grep", "created") and nb_rule["added_by"].startswith("Anonymous")

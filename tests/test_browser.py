@@ -143,7 +143,8 @@ def test_sidebar_error_state_and_recovery(browser: Browser, tmp_path: Path) -> N
             )
             assert rows.nth(1).locator('[data-testid="goals-session-phase"]').inner_text() == "idle"
 
-            # The panel polls every 5 s while visible: a new session shows up without a click.
+            # Nothing polls: the panel reads again when the event feed reaches the server again (its
+            # reconnect), so a session made meanwhile shows up without a click.
             fake_sessions["sessions"].append(
                 {
                     "session_id": "s-3",
@@ -151,7 +152,9 @@ def test_sidebar_error_state_and_recovery(browser: Browser, tmp_path: Path) -> N
                     "work": {"phase": "working", "reason_code": "working", "reason": ""},
                 }
             )
+            lab.page.route("**/api/goals/events*", fulfill({"events": [], "last_seq": 1}))
             lab.wait_for_text("goals-session-title", "polled session", timeout_ms=12_000)
+            lab.page.unroute("**/api/goals/events*")
 
             # The server goes away again: the error line comes back, last data kept but marked stale.
             lab.page.unroute("**/api/goals/health*")

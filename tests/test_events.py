@@ -127,3 +127,21 @@ async def test_the_events_of_representative_flows_match_their_payload_models(rig
                 "approval.requested", "approval.decided", "approval.invalidated", "goal.created", "goal.updated", "goal.acceptance",
                 "goal.history", "todo.updated", "wait.opened", "wait.notified", "worker.registered"}
     assert expected <= seen, expected - seen
+
+
+async def test_a_phase_event_says_whether_the_work_now_waits_for_a_person_as_the_attention_list_does(rig: Rig) -> None:
+    """``work.phase`` carries ``needs_person``: false for the phases of a turn that runs and ends, true when the
+    work stops on a reason only a person lifts (here revoked permissions), exactly when ``GET /attention``
+    lists it, so the JupyterLab inbox reads the list only when something may have started to wait."""
+    from jupyter_goals.store import attention
+
+    session = rig.session(BYPASS)
+    work_id = rig.send(session, "hello")
+    await rig.run_until_quiet()
+    rig.tx(lambda tx: c.set_phase(tx, c.get_work(tx, work_id), "waiting", "permission_revoked"))
+    events = rig.db.transact(lambda tx: c.events_after(tx, 0, 10_000), write=False)
+    phases = [payload_of(e["kind"], e["payload"]) for e in events if e["kind"] == "work.phase" and e["work_id"] == work_id]
+    assert [(p.phase, p.needs_person) for p in phases][-1] == ("waiting", True)
+    assert [p.needs_person for p in phases[:-1]] == [False] * (len(phases) - 1) and len(phases) >= 3
+    listed = rig.db.transact(attention.waiting_work, write=False)
+    assert [w["work_id"] for w in listed] == [work_id]

@@ -330,7 +330,12 @@ async def test_a_representative_answer_of_every_route_matches_its_schema(api: Ap
         "requirements": [{"text": "exists", "kind": "file_exists", "path": "out.txt"}]})
     assert goal["budget_status"] and goal["budget"] == {"max_cost_usd": 1, "max_tokens": 1000}
     gid = goal["goal_id"]
-    await check("get", "/goals/{goal_id}", f"goals/{gid}", 200)
+    alone = await check("get", "/goals/{goal_id}", f"goals/{gid}", 200)
+    # the session's snapshot carries its current Goal with the same usage: a view needs no second read
+    shown = (await check("get", "/sessions/{session_id}", f"sessions/{other}", 200))["goal"]
+    assert shown["goal_id"] == gid and shown["usage"] is not None
+    assert {k: shown["usage"][k] for k in ("known_tokens", "unknown_usage_requests")} == \
+        {k: alone["usage"][k] for k in ("known_tokens", "unknown_usage_requests")}
     await check("get", "/goals", "goals", 200, params={"session_id": other})
     goal = await check("patch", "/goals/{goal_id}", f"goals/{gid}", 200,
                        {"expected_revision": 1, "objective": "Write out.txt, then stop"})

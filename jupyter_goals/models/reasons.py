@@ -98,3 +98,14 @@ def reason_text(code: str) -> str:
         return REASON_TEXT[ReasonCode(code)]
     except ValueError:
         return code
+
+
+# reasons a work item waits on until a person acts (``GET /attention`` lists it; an approval is listed as
+# the approval itself)
+NEEDS_PERSON: tuple[str, ...] = tuple(str(code) for code in (
+    ReasonCode.AWAITING_CLARIFICATION, ReasonCode.PERMISSION_REVOKED, ReasonCode.BUDGET_EXHAUSTED,
+    ReasonCode.BUDGET_UNVERIFIABLE, ReasonCode.RESOURCE_MISSING_CWD, ReasonCode.RESOURCE_MISSING_MODEL,
+    ReasonCode.RESOURCE_MISSING_CREDENTIALS, ReasonCode.TOOL_CHANGED, ReasonCode.UNKNOWN_EFFECTS_NEED_REVIEW,
+    ReasonCode.OWNER_HOST_UNREACHABLE, ReasonCode.PROVIDER_FAILED, ReasonCode.RECOVERY_ATTEMPTS_EXCEEDED,
+    ReasonCode.GOAL_BLOCKED, ReasonCode.AUTO_RECOVERY_DISABLED, ReasonCode.LEGACY_PAUSED_UNKNOWN,
+))

@@ -210,7 +210,7 @@ class ApprovalDecision(Strict):
 
 
 #: how an allow rule was added: with the session, in its permissions (PATCH), or approving a call "always"
-RuleSource = Literal["created", "permissions", "approval"]
+RuleSource = Literal["created", "permissions", "approval", "inherited"]
 
 
 class AllowRule(BaseModel):

@@ -209,7 +209,7 @@ class CurrentVerdict(Answer):
 
 
 class Goal(Answer):
-    """A Goal (``GET /goals/{id}``); in a snapshot ``usage`` is null (``GET /goals/{id}`` has it)."""
+    """A Goal (``GET /goals/{id}``, and a session snapshot's current Goal), with its usage."""
 
     goal_id: str
     session_id: str

@@ -327,7 +327,8 @@ class Commands:
         return answer
 
     # ------------------------------------------------------------------ notebooks
-    async def notebook_session(self, body: NotebookSession, path: str, root_dir: str) -> tuple[a.NotebookBinding, bool]:
+    async def notebook_session(self, body: NotebookSession, path: str, root_dir: str,
+                               by: str | None = None) -> tuple[a.NotebookBinding, bool]:
         """The session bound to the notebook at API ``path`` (created on first use, cwd = the notebook's
         folder), or ``body.session_id`` bound to it. One row per path in control.db. A folder's key
         (``work/``, ``./`` for the root: kernels that cannot know their notebook) gets the folder as cwd."""
@@ -341,7 +342,7 @@ class Commands:
         model = self.catalog.resolve(body.model) if body.model else self.catalog.default_model  # names as POST /sessions
         perms = body.permissions.model_dump() if body.permissions else default_permissions()
         title = body.title or (os.path.basename(folder) + "/" if path.endswith("/") else os.path.basename(path))
-        row, created = await self.control.run(lambda tx: notebooks.get_or_create(tx, path, title, cwd, model, perms))
+        row, created = await self.control.run(lambda tx: notebooks.get_or_create(tx, path, title, cwd, model, perms, by))
         return a.NotebookBinding.model_validate(notebooks.view(row)), created
 
     async def notebook_renamed(self, old: str, new: str) -> int:

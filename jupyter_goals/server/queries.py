@@ -140,6 +140,8 @@ class Queries:
             }
 
         snap = await self.read(run)
+        if snap["goal"] is not None:  # with its usage, so a view of the session needs no second read
+            snap["goal"] = {**snap["goal"], "usage": await self.usage_summary(goal_id=snap["goal"]["goal_id"])}
         return a.Snapshot.model_validate({**snap, "usage": await self.usage_summary(session_id=session_id)})
 
     # ------------------------------------------------------------------ usage

@@ -112,5 +112,5 @@ class NotebookSessionHandler(GoalsHandler):
             path = notebook_api_path(body.path, root_dir)
         except ValueError as exc:
             raise ApiError(400, "bad_request", str(exc)) from exc
-        answer, created = await self.service.commands.notebook_session(body, path, root_dir)
+        answer, created = await self.service.commands.notebook_session(body, path, root_dir, by=self.person)
         self.answer(answer, 201 if created else 200)

@@ -7,18 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jupyter_goals.models import ReasonCode
+from jupyter_goals.models.reasons import NEEDS_PERSON
 from jupyter_goals.store.db import Row, Tx
 from jupyter_goals.store.effects import list_approvals
-
-# reasons a work item waits on until a person acts (an approval is listed as the approval itself)
-NEEDS_PERSON: tuple[str, ...] = tuple(str(code) for code in (
-    ReasonCode.AWAITING_CLARIFICATION, ReasonCode.PERMISSION_REVOKED, ReasonCode.BUDGET_EXHAUSTED,
-    ReasonCode.BUDGET_UNVERIFIABLE, ReasonCode.RESOURCE_MISSING_CWD, ReasonCode.RESOURCE_MISSING_MODEL,
-    ReasonCode.RESOURCE_MISSING_CREDENTIALS, ReasonCode.TOOL_CHANGED, ReasonCode.UNKNOWN_EFFECTS_NEED_REVIEW,
-    ReasonCode.OWNER_HOST_UNREACHABLE, ReasonCode.PROVIDER_FAILED, ReasonCode.RECOVERY_ATTEMPTS_EXCEEDED,
-    ReasonCode.GOAL_BLOCKED, ReasonCode.AUTO_RECOVERY_DISABLED, ReasonCode.LEGACY_PAUSED_UNKNOWN,
-))
 
 _OPEN = "w.phase NOT IN ('done', 'cancelled')"
 

@@ -25,6 +25,7 @@ __all__ = [
     "stop_all",
     "change_permissions",
     "record_allow_rules",
+    "inherit_allow_rules",
     "allow_rules",
 ]
 
@@ -191,6 +192,19 @@ def record_allow_rules(tx: Tx, session_id: str, old: list[Any], new: list[Any], 
             " ON CONFLICT (session_id, rule_key) DO UPDATE SET added_by = excluded.added_by, via = excluded.via,"
             " added_at = excluded.added_at",
             (session_id, key, by, via, now))
+
+
+def inherit_allow_rules(tx: Tx, session_id: str, parent_session_id: str, allow: list[Any]) -> None:
+    """A session made from another (a subtask from its parent, a Job from its caller) with a copy of its
+    permissions (``allow``): each copied rule keeps who added it to the parent and when, ``via =
+    inherited``. A rule the parent has no record of stays unknown."""
+    keys = {shared.dumps(rule) for rule in allow}
+    for row in tx.all("SELECT rule_key, added_by, added_at FROM allow_rules WHERE session_id = ?", (parent_session_id,)):
+        if row["rule_key"] in keys:
+            tx.execute(
+                "INSERT INTO allow_rules (session_id, rule_key, added_by, via, added_at) VALUES (?, ?, ?, 'inherited', ?)"
+                " ON CONFLICT (session_id, rule_key) DO NOTHING",
+                (session_id, row["rule_key"], row["added_by"], row["added_at"]))
 
 
 def allow_rules(tx: Tx, session_id: str, allow: list[Any]) -> list[dict[str, Any]]:

@@ -39,12 +39,15 @@ def bind(tx: Tx, path: str, session_id: str) -> Row:
 
 
 def get_or_create(tx: Tx, path: str, title: str, cwd: str, model: str,
-                  permissions: dict[str, Any]) -> tuple[Row, bool]:
-    """The session bound to ``path``, else a new session bound to it in the same transaction."""
+                  permissions: dict[str, Any], by: str | None = None) -> tuple[Row, bool]:
+    """The session bound to ``path``, else a new session bound to it in the same transaction (its allow
+    rules recorded as added by ``by`` with the session)."""
     row = get(tx, path)
     if row is not None:
         return row, False
     session = c.create_session(tx, title, cwd, model, permissions)
+    c.record_allow_rules(tx, session["session_id"], [], permissions.get("allow") or [], by, "created",
+                         session["created_at"])
     return bind(tx, path, session["session_id"]), True
 
 

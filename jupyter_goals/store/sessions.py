@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from jupyter_goals.models import AttemptState, Phase, ReasonCode, reason_text
+from jupyter_goals.models.reasons import NEEDS_PERSON
 from jupyter_goals.store import shared
 from jupyter_goals.store.db import NotFound, Row, Tx
 
@@ -203,7 +204,8 @@ def set_phase(tx: Tx, work: Row, phase: Phase | str, code: ReasonCode | str, rea
     shared.emit(
         tx,
         "work.phase",
-        {"phase": phase, "reason_code": code, "reason": text, "desired_state": work["desired_state"]},
+        {"phase": phase, "reason_code": code, "reason": text, "desired_state": work["desired_state"],
+         "needs_person": phase == Phase.FAILED or code in NEEDS_PERSON},
         session_id=work["session_id"],
         work_id=work["work_id"],
     )

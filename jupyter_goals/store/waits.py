@@ -244,6 +244,7 @@ def spawn_child(tx: Tx, parent: Row, task: str, *, host: str, call_id: str | Non
     psession = c.get_session(tx, parent["session_id"])
     session = c.create_session(tx, f"Subtask: {task[:60]}", psession["cwd"], psession["model"],
                                json.loads(parent["permission_scope"]))
+    c.inherit_allow_rules(tx, session["session_id"], psession["session_id"], session["permissions"].get("allow") or [])
     child = c.create_work(tx, session, "subtask", {"text": task}, auto_recover=bool(parent["auto_recover"]), host=host)
     goal_id, goal_revision = _goal_identity(tx, parent)
     tx.execute("UPDATE work_items SET parent_work_id = ?, goal_id = ?, goal_revision = ?, job_id = ? WHERE work_id = ?",
@@ -279,6 +280,7 @@ def create_job(tx: Tx, caller_session_id: str, text: str, goal_id: str | None, c
             goal_id, revision = current["goal_id"], int(current["revision"])
     caller_work = c.current_work(tx, caller_session_id)
     session = c.create_session(tx, f"Job: {text[:60]}", caller["cwd"], caller["model"], caller["permissions"])
+    c.inherit_allow_rules(tx, session["session_id"], caller_session_id, session["permissions"].get("allow") or [])
     work = c.create_work(tx, session, "job", {"text": text}, auto_recover=auto_recover, host=host)
     job_id = c.new_id("job")
     tx.execute("UPDATE work_items SET goal_id = ?, goal_revision = ?, job_id = ? WHERE work_id = ?",

@@ -2,6 +2,7 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import type { components, paths } from './openapi';
+import type { GoalsURL } from './urls';
 
 /*
  * The REST API's types come from its OpenAPI document: `labextension/openapi.json` is a snapshot of
@@ -54,6 +55,10 @@ export type IGoalsEvent = Schemas['Event'];
 export function payloadOf(event: IGoalsEvent): Record<string, any> {
   return (event.payload ?? {}) as Record<string, unknown>;
 }
+
+/** `GET /api/goals/attention` */
+export type IAttention = Answer<'/attention', 'get', 200>;
+export type IAttentionItem = IAttention['items'][number];
 
 /** `GET /api/goals/events?format=json` */
 export type IEventPage = Answer<'/events', 'get', 200>;
@@ -124,7 +129,7 @@ export class GoalsAPIError extends Error {
  * with a `GoalsAPIError`; callers never see a half-parsed value.
  */
 export async function requestGoalsAPI<T>(
-  path: string,
+  path: GoalsURL<T>,
   settings: ServerConnection.ISettings = ServerConnection.makeSettings(),
   method: 'GET' | 'POST' | 'PATCH' = 'GET',
   body?: RequestBody
@@ -195,9 +200,9 @@ export function isSessionList(value: unknown): value is ISessionList {
 
 /** POST a JSON body under `<baseUrl>/api/goals/…`; rejects like `requestGoalsAPI`. */
 export function postGoalsAPI<T>(
-  path: string,
+  path: GoalsURL<unknown>,
   body: RequestBody,
   settings: ServerConnection.ISettings = ServerConnection.makeSettings()
 ): Promise<T> {
-  return requestGoalsAPI<T>(path, settings, 'POST', body);
+  return requestGoalsAPI<T>(path as GoalsURL<T>, settings, 'POST', body);
 }

@@ -2,6 +2,7 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import { IRecovery, IRecoveryItem, requestGoalsAPI, ISessionAction } from './api';
 import { button, el } from './views';
+import { urls } from './urls';
 
 /*
  * The continuity banner of a chat (issue 32 item 4): after a restart whose recovery pass touched this
@@ -65,7 +66,7 @@ export class ContinuityBanner {
   async refresh(): Promise<void> {
     try {
       const summary = await requestGoalsAPI<IRecovery>(
-        `recovery?session_id=${encodeURIComponent(this._sessionId)}`,
+        urls.recovery(this._sessionId),
         this._settings
       );
       this.render(summary);

@@ -25,6 +25,7 @@ import {
   replaceKeepingFocus,
   showAlert
 } from './views';
+import { GoalsURL, urls } from './urls';
 
 /** Phases in which a turn is under way, so a new message is queued or steers it. */
 const RUNNING_PHASES = new Set(['queued', 'working', 'waiting', 'recovering']);
@@ -38,7 +39,7 @@ export interface IComposerHost {
   /** A message or Goal was accepted: re-read the session. */
   onSent(): void;
   /** A Goal action (Verify, End) from the composer's Goal line. */
-  onGoalAction(path: string, body: IGoalAction): Promise<void>;
+  onGoalAction(path: GoalsURL, body: IGoalAction): Promise<void>;
 }
 
 type OutgoingState = 'sending' | 'retrying' | 'accepted' | 'failed';
@@ -218,7 +219,7 @@ export class Composer {
       body.budget = { max_cost_usd: value.budget };
     }
     try {
-      const goal = await postGoalsAPI<IGoal>('goals', body, this._settings);
+      const goal = await postGoalsAPI<IGoal>(urls.goals(), body, this._settings);
       showAlert(this._alert, null);
       // the server's 201 answer is the Goal as committed: show it at once, unless a snapshot read
       // after the commit already reported it (then that snapshot is as new or newer)
@@ -241,7 +242,7 @@ export class Composer {
       message.attempts += 1;
       try {
         const accepted = await postGoalsAPI<IMessageAccepted>(
-          `sessions/${encodeURIComponent(this._sessionId)}/messages`,
+          urls.sessionMessages(this._sessionId),
           { text: message.text, client_request_id: message.id, delivery: message.delivery },
           this._settings
         );
@@ -392,7 +393,7 @@ export class Composer {
     );
     const specs = GOAL_ACTIONS.filter(s => s.action === 'verify' || s.action === 'end');
     const bar = actionBar('goals-composer-goal', specs, goal.actions, goal.reason, action =>
-      this._host.onGoalAction(`goals/${encodeURIComponent(goal.goal_id)}/actions`, {
+      this._host.onGoalAction(urls.goalActions(goal.goal_id), {
         action,
         expected_revision: goal.revision
       })

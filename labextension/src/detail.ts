@@ -2,13 +2,12 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import {
   IGoal,
-  IHistoryList,
   IHistoryRecord,
   ISessionSnapshot,
   RequestBody,
   requestGoalsAPI
 } from './api';
-import { debounce, sharedEventFeed } from './events';
+import { goalsStore, SessionEntry } from './store';
 import { editGoal, EditOutcome } from './edit';
 import {
   actionBar,
@@ -25,6 +24,7 @@ import {
   unavailableNode
 } from './views';
 import { budgetBurn } from './usage';
+import { GoalsURL, urls } from './urls';
 
 interface ILoaded {
   snapshot: ISessionSnapshot;
@@ -34,8 +34,9 @@ interface ILoaded {
 
 /**
  * The selected session: work state, phase, reason and the backend's actions; its active Goal (only
- * when the session has one); pending approvals; terminal Goal records (read-only). Rebuilt from
- * REST on every relevant event, after the event feed reconnects, and after every action.
+ * when the session has one); pending approvals; terminal Goal records (read-only). Shown from the
+ * page's store (the same entry, and read, as the session's chat view); the ended Goals are read when
+ * the session is selected, when a Goal of it ends, and after the event feed reconnects.
  */
 export class SessionDetail {
   readonly node: HTMLElement;
@@ -61,93 +62,88 @@ export class SessionDetail {
     if (sessionId === this._sessionId) {
       return;
     }
+    this._unfollow();
     this._sessionId = sessionId;
-    this._unsubscribe?.();
-    this._unsubscribe = null;
+    this._history = [];
     showAlert(this._alert, null);
     this._body.replaceChildren();
     this._error.replaceChildren();
     this.node.hidden = sessionId === null;
     this.node.dataset.sessionId = sessionId ?? '';
     this._follow();
-    void this.refresh();
   }
 
-  /** Follow the event feed only while the panel is visible; catch up when it shows again. */
+  /** Follow the session only while the panel is visible; catch up when it shows again. */
   setLive(live: boolean): void {
     if (live === this._live) {
       return;
     }
     this._live = live;
-    this._unsubscribe?.();
-    this._unsubscribe = null;
-    if (live) {
-      this._follow();
-      void this.refresh();
-    }
+    this._unfollow();
+    this._follow();
   }
 
+  /** The session's entry of the page's store (shared with its chat view); the history list beside it. */
   private _follow(): void {
     const sessionId = this._sessionId;
-    if (!this._live || sessionId === null || this._unsubscribe !== null) {
+    if (!this._live || sessionId === null || this._entry !== null) {
       return;
     }
-    const later = debounce(() => void this.refresh(), 150);
-    this._unsubscribe = sharedEventFeed().subscribe(events => {
-      if (events === null || events.some(e => e.session_id === sessionId)) {
-        later();
+    this._entry = goalsStore().session(sessionId);
+    void this._readHistory(sessionId);
+    this._unsubscribe = this._entry.subscribe((entry, change) => {
+      if (change.resync || change.events.some(e => e.kind === 'goal.history')) {
+        void this._readHistory(sessionId); // a Goal ended (or the server came back): its record
+      }
+      if (change.changed) {
+        this._show(entry);
       }
     });
   }
 
-  /** Re-read the selected session; never rejects (failures are rendered). */
+  private _unfollow(): void {
+    this._unsubscribe?.();
+    this._unsubscribe = null;
+    this._entry = null;
+  }
+
+  /** Read the selected session again (after an action); never rejects (failures are rendered). */
   async refresh(): Promise<void> {
-    const sessionId = this._sessionId;
-    if (sessionId === null) {
+    await this._entry?.refresh();
+  }
+
+  dispose(): void {
+    this._unfollow();
+  }
+
+  private _show(entry: SessionEntry): void {
+    if (entry.sessionId !== this._sessionId) {
       return;
     }
-    const token = ++this._token;
-    let loaded: ILoaded | null = null;
-    let failure = '';
-    try {
-      loaded = await this._load(sessionId);
-    } catch (error) {
-      failure = error instanceof Error ? error.message : String(error);
-    }
-    if (token !== this._token || sessionId !== this._sessionId) {
-      return; // a newer read or another selection won
-    }
-    if (loaded === null) {
-      this._error.replaceChildren(
-        unavailableNode(failure, () => void this.refresh(), 'goals-detail-error')
-      );
+    if (entry.snapshot === null || entry.error !== null) {
+      const failure = entry.error instanceof Error ? entry.error.message : String(entry.error);
+      this._error.replaceChildren(unavailableNode(failure, () => void this.refresh(), 'goals-detail-error'));
       this._body.classList.add('jp-goals-mod-stale');
       return;
     }
     this._error.replaceChildren();
     this._body.classList.remove('jp-goals-mod-stale');
-    this._render(sessionId, loaded);
+    this._render(entry.sessionId, { snapshot: entry.snapshot, goal: entry.snapshot.goal ?? null, history: this._history });
   }
 
-  dispose(): void {
-    this._unsubscribe?.();
-    this._unsubscribe = null;
-  }
-
-  private async _load(sessionId: string): Promise<ILoaded> {
-    const id = encodeURIComponent(sessionId);
-    const [snapshot, history] = await Promise.all([
-      requestGoalsAPI<ISessionSnapshot>(`sessions/${id}`, this._settings),
-      requestGoalsAPI<IHistoryList>(`sessions/${id}/history`, this._settings)
-    ]);
-    // the snapshot's goal has no usage; the Goal answer has it
-    const goal = snapshot.goal
-      ? await requestGoalsAPI<IGoal>(
-          `goals/${encodeURIComponent(snapshot.goal.goal_id)}`,
-          this._settings
-        )
-      : null;
-    return { snapshot, goal, history: history.records ?? [] };
+  /** The session's ended Goals (read when it is selected, when a Goal of it ends, and after a reconnect). */
+  private async _readHistory(sessionId: string): Promise<void> {
+    try {
+      const answer = await requestGoalsAPI(urls.sessionHistory(sessionId), this._settings);
+      if (sessionId === this._sessionId) {
+        this._history = answer.records ?? [];
+        if (this._entry?.snapshot) {
+          this._show(this._entry);
+        }
+      }
+    } catch {
+      // the snapshot's read says when the server cannot be read; the list keeps what it showed
+    }
   }
 
   private _render(sessionId: string, { snapshot, goal, history }: ILoaded): void {
@@ -175,7 +171,7 @@ export class SessionDetail {
     }
     parts.push(
       actionBar('goals-session', SESSION_ACTIONS, snapshot.actions, work?.reason ?? '', action =>
-        this._act(`sessions/${encodeURIComponent(sessionId)}/actions`, {
+        this._act(urls.sessionActions(sessionId), {
           action,
           ...(work?.control_version !== undefined
             ? { expected_control_version: work.control_version }
@@ -189,7 +185,7 @@ export class SessionDetail {
       parts.push(
         goalView(goal, {
           onAction: action =>
-            this._act(`goals/${encodeURIComponent(goal.goal_id)}/actions`, {
+            this._act(urls.goalActions(goal.goal_id), {
               action,
               expected_revision: goal.revision
             }),
@@ -233,7 +229,7 @@ export class SessionDetail {
     }
   }
 
-  private async _act(path: string, body: RequestBody): Promise<void> {
+  private async _act(path: GoalsURL, body: RequestBody): Promise<void> {
     await postAction(path, body, this._settings, this._alert);
     this._onChanged();
     await this.refresh();
@@ -244,6 +240,7 @@ export class SessionDetail {
   private readonly _body: HTMLElement;
   private _sessionId: string | null = null;
   private _live = false;
-  private _token = 0;
+  private _history: IHistoryRecord[] = [];
+  private _entry: SessionEntry | null = null;
   private _unsubscribe: (() => void) | null = null;
 }

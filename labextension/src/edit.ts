@@ -13,6 +13,7 @@ import {
   Schemas
 } from './api';
 import { button, el } from './views';
+import { urls } from './urls';
 
 /*
  * The dialogs that act on a reason the views show: Edit Goal (objective, requirements, budget, the
@@ -165,7 +166,7 @@ export async function editGoal(
 ): Promise<EditOutcome> {
   let goal: IGoal;
   try {
-    goal = await requestGoalsAPI<IGoal>(`goals/${encodeURIComponent(goalId)}`, settings);
+    goal = await requestGoalsAPI(urls.goal(goalId), settings);
   } catch (error) {
     return { ok: false, message: conflictText(error, 'The Goal') };
   }
@@ -225,7 +226,7 @@ export async function editGoal(
     return { ok: true, message: 'Nothing changed.' };
   }
   try {
-    const saved = await requestGoalsAPI<IGoal>(`goals/${encodeURIComponent(goalId)}`, settings, 'PATCH', body);
+    const saved = await requestGoalsAPI(urls.goal(goalId), settings, 'PATCH', body);
     return { ok: true, message: `Goal saved as revision ${saved.revision}.` };
   } catch (error) {
     return { ok: false, message: conflictText(error, 'The Goal') };
@@ -241,7 +242,8 @@ function ruleText(rule: IAllowRule): string {
 const RULE_SOURCES: Record<string, string> = {
   created: 'with the chat',
   permissions: 'in Permissions',
-  approval: 'approving a call'
+  approval: 'approving a call',
+  inherited: 'with the chat that started this one'
 };
 
 /** "added by alice, 07/12/2026 03:40 (approving a call)"; "unknown" for a rule saved before who and when were kept. */
@@ -350,19 +352,19 @@ class PermissionsForm extends Widget implements Dialog.IBodyWidget<IPermissionsE
     const key = JSON.stringify(rule);
     const permissions: IPermissions = { ...current, allow: (current.allow ?? []).filter(r => JSON.stringify(r) !== key) };
     const work = this.snapshot.work;
-    const id = encodeURIComponent(this.snapshot.session.session_id);
+    const id = this.snapshot.session.session_id;
     const body: Schemas['UpdateSession'] = {
       permissions,
       ...(work ? { expected_control_version: work.control_version } : {})
     };
     try {
-      this.snapshot = await requestGoalsAPI<ISessionSnapshot>(`sessions/${id}`, this._settings, 'PATCH', body);
+      this.snapshot = await requestGoalsAPI(urls.session(id), this._settings, 'PATCH', body);
       this.revoked = true;
       this._status.textContent = `Revoked ${ruleText(rule)}: its next call asks again.`;
     } catch (error) {
       this._status.textContent = conflictText(error, 'The permissions');
       try {
-        this.snapshot = await requestGoalsAPI<ISessionSnapshot>(`sessions/${id}?before=latest&limit=1`, this._settings);
+        this.snapshot = await requestGoalsAPI(urls.session(id, { before: 'latest', limit: 1 }), this._settings);
       } catch {
         // the message above says what failed; the list stays as it was
       }
@@ -387,10 +389,9 @@ export async function editPermissions(
   sessionId: string,
   settings: ServerConnection.ISettings = ServerConnection.makeSettings()
 ): Promise<EditOutcome> {
-  const id = encodeURIComponent(sessionId);
   let snapshot: ISessionSnapshot;
   try {
-    snapshot = await requestGoalsAPI<ISessionSnapshot>(`sessions/${id}?before=latest&limit=1`, settings);
+    snapshot = await requestGoalsAPI(urls.session(sessionId, { before: 'latest', limit: 1 }), settings);
   } catch (error) {
     return { ok: false, message: conflictText(error, 'The permissions') };
   }
@@ -422,7 +423,7 @@ export async function editPermissions(
     ...(form.snapshot.work ? { expected_control_version: form.snapshot.work.control_version } : {})
   };
   try {
-    await requestGoalsAPI<unknown>(`sessions/${id}`, settings, 'PATCH', body);
+    await requestGoalsAPI(urls.session(sessionId), settings, 'PATCH', body);
     return { ok: true, message: 'Permissions saved.' };
   } catch (error) {
     return { ok: false, message: conflictText(error, 'The permissions') };
@@ -438,8 +439,7 @@ async function runningCount(settings: ServerConnection.ISettings): Promise<numbe
   let count = 0;
   let cursor: string | null = null;
   do {
-    const query: string = cursor ? `sessions?limit=500&cursor=${encodeURIComponent(cursor)}` : 'sessions?limit=500';
-    const page: ISessionList = await requestGoalsAPI<ISessionList>(query, settings);
+    const page: ISessionList = await requestGoalsAPI(urls.sessions({ limit: 500, cursor }), settings);
     for (const s of page.sessions) {
       if (s.work && s.work.desired_state !== 'cancelled' && s.work.desired_state !== 'done' && !STOPPED_PHASES.has(s.work.phase)) {
         count += 1;
@@ -483,7 +483,7 @@ export async function stopAllWork(
     return null;
   }
   try {
-    const answer = await postGoalsAPI<{ stopped: string[] }>('actions', { action: 'stop_all' }, settings);
+    const answer = await postGoalsAPI<{ stopped: string[] }>(urls.actions(), { action: 'stop_all' }, settings);
     const n = answer.stopped.length;
     return { ok: true, message: `Stopped ${n} work item${n === 1 ? '' : 's'}.` };
   } catch (error) {

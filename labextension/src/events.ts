@@ -2,6 +2,7 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import { IEventPage, IGoalsEvent, requestGoalsAPI } from './api';
+import { urls } from './urls';
 
 /**
  * A listener gets new events in order, or `null`: "rebuild from REST", sent when the feed starts,
@@ -75,6 +76,27 @@ export class EventFeed {
     return this._mode;
   }
 
+  /** Be told each change of `mode` (and the mode now, at once); the returned function stops. */
+  onMode(listener: (mode: FeedMode) => void): () => void {
+    this._modeListeners.add(listener);
+    listener(this._mode);
+    return () => this._modeListeners.delete(listener);
+  }
+
+  private _setMode(mode: FeedMode): void {
+    if (mode === this._mode) {
+      return;
+    }
+    this._mode = mode;
+    for (const listener of Array.from(this._modeListeners)) {
+      try {
+        listener(mode);
+      } catch (error) {
+        console.error('jupyter-goals: feed mode listener failed', error);
+      }
+    }
+  }
+
   /** The last seq every listener has been given. */
   get cursor(): number | null {
     return this._cursor;
@@ -95,7 +117,7 @@ export class EventFeed {
           await this._catchUp();
           if (streamBroken === 0 || goodPolls >= POLLS_BEFORE_STREAM_RETRY) {
             goodPolls = 0;
-            this._mode = 'streaming';
+            this._setMode('streaming');
             try {
               await this._stream();
             } catch (error) {
@@ -106,10 +128,10 @@ export class EventFeed {
               }
             }
             if (streamBroken > 0) {
-              this._mode = 'polling';
+              this._setMode('polling');
             }
           } else {
-            this._mode = 'polling';
+            this._setMode('polling');
             goodPolls += 1;
             delay = this._intervalMs;
           }
@@ -118,7 +140,7 @@ export class EventFeed {
             break;
           }
           this._failures += 1;
-          this._mode = 'down';
+          this._setMode('down');
           delay = Math.min(FIRST_BACKOFF_MS * 2 ** (this._failures - 1), MAX_BACKOFF_MS);
         }
         if (delay > 0 && this._listeners.size > 0) {
@@ -128,7 +150,7 @@ export class EventFeed {
     } finally {
       window.removeEventListener('online', onOnline);
       this._running = false;
-      this._mode = 'idle';
+      this._setMode('idle');
       this._abort = null;
     }
   }
@@ -243,7 +265,7 @@ export class EventFeed {
 
   private async _page(after: number, limit: number): Promise<IEventPage> {
     const page = await requestGoalsAPI<IEventPage>(
-      `events?format=json&after=${after}&limit=${limit}`,
+      urls.events(after, limit),
       this._settings
     );
     if (!page || !Array.isArray(page.events) || typeof page.last_seq !== 'number') {
@@ -277,6 +299,7 @@ export class EventFeed {
   }
 
   private readonly _listeners = new Set<EventListener>();
+  private readonly _modeListeners = new Set<(mode: FeedMode) => void>();
   private _cursor: number | null = null;
   private _failures = 0;
   private _running = false;
@@ -326,4 +349,42 @@ export function debounce(fn: () => void, ms: number): () => void {
       fn();
     }, ms);
   };
+}
+
+/**
+ * One read at a time: a call while `read` runs shares it and asks for one more read after it (so what
+ * changed meanwhile is read too); `wanted()` false drops that further read (nobody listens any more).
+ */
+export class OneAtATime {
+  constructor(
+    private readonly _read: () => Promise<void>,
+    private readonly _wanted: () => boolean = () => true
+  ) {}
+
+  run(): Promise<void> {
+    if (this._pending) {
+      this._again = true;
+      return this._pending;
+    }
+    this._pending = this._read().finally(() => {
+      this._pending = null;
+      if (this._again && this._wanted()) {
+        this._again = false;
+        void this.run();
+      }
+    });
+    return this._pending;
+  }
+
+  /** Read once more after the running read (more arrived than one read answers). */
+  again(): void {
+    this._again = true;
+  }
+
+  get running(): boolean {
+    return this._pending !== null;
+  }
+
+  private _pending: Promise<void> | null = null;
+  private _again = false;
 }

@@ -1,15 +1,14 @@
 import { ServerConnection } from '@jupyterlab/services';
 import { Title, Widget } from '@lumino/widgets';
 
-import { Answer, postGoalsAPI, requestGoalsAPI } from './api';
+import { IAttention, IAttentionItem, IGoalsEvent, payloadOf, postGoalsAPI, requestGoalsAPI } from './api';
 import { editGoal, EditOutcome, editPermissions } from './edit';
-import { debounce, sharedEventFeed } from './events';
+import { debounce, OneAtATime, sharedEventFeed } from './events';
 import { settleButtons } from './settle';
 import { actionErrorText, alertNode, badge, button, el, replaceKeepingFocus, showAlert } from './views';
+import { GoalsURL, urls } from './urls';
 
-/** `GET /api/goals/attention` */
-export type IAttention = Answer<'/attention', 'get', 200>;
-export type IAttentionItem = IAttention['items'][number];
+export type { IAttention, IAttentionItem } from './api';
 
 /** What each kind says in the list (the reason sentence follows it). */
 const KIND_WORDS: Record<IAttentionItem['kind'], string> = {
@@ -24,8 +23,6 @@ const KIND_WORDS: Record<IAttentionItem['kind'], string> = {
   needs_you: 'Needs you'
 };
 
-/** The events after which the inbox reads `GET /attention` again (one read per burst). */
-const RELEVANT = /^(approval\.|work\.(phase|control)|goal\.updated|effect\.(state|settled)|session\.permissions|recovery\.)/;
 
 /**
  * One attention inbox: everything across chats that waits for the person (approvals, questions,
@@ -50,11 +47,42 @@ export class AttentionInbox {
     this.node.hidden = true;
     const later = debounce(() => void this.refresh(), 150);
     this._unsubscribe = sharedEventFeed().subscribe(events => {
-      if (events === null || events.some(e => RELEVANT.test(e.kind))) {
+      if (events === null || this._take(events)) {
         later();
       }
     });
     void this.refresh();
+  }
+
+  /**
+   * Apply what an event says by itself (an answered or withdrawn approval leaves the list); true when
+   * `GET /attention` must be read again: something may have started to wait (a new approval, a failure,
+   * a reason that waits for a person, an unknown outcome, a recovery pass), or a listed chat changed.
+   */
+  private _take(events: IGoalsEvent[]): boolean {
+    let read = false;
+    let removed = false;
+    for (const event of events) {
+      const payload = payloadOf(event);
+      const listed = this._items.some(i => i.session_id === event.session_id);
+      if (event.kind === 'approval.decided' || event.kind === 'approval.invalidated') {
+        const before = this._items.length;
+        this._items = this._items.filter(i => i.approval_id !== payload.approval_id);
+        removed ||= this._items.length !== before;
+      } else if (event.kind === 'approval.requested' || event.kind.startsWith('recovery.')) {
+        read = true;
+      } else if (event.kind === 'work.phase') {
+        read ||= listed || payload.needs_person === true; // the server says whether it now waits for a person
+      } else if (event.kind === 'effect.state') {
+        read ||= listed || payload.state === 'unknown';
+      } else if (/^(work\.control|goal\.updated|effect\.settled|session\.permissions)$/.test(event.kind)) {
+        read ||= listed;
+      }
+    }
+    if (removed && !read) {
+      this._render({ items: this._items, count: this._items.length });
+    }
+    return read;
   }
 
   /** How many things wait for the person (the tab's badge). */
@@ -68,24 +96,13 @@ export class AttentionInbox {
 
   /** Read `GET /attention` again (concurrent calls share one read). Never rejects. */
   refresh(): Promise<void> {
-    if (this._pending) {
-      this._again = true;
-      return this._pending;
-    }
-    this._pending = this._read().finally(() => {
-      this._pending = null;
-      if (this._again) {
-        this._again = false;
-        void this.refresh();
-      }
-    });
-    return this._pending;
+    return this._reads.run();
   }
 
   private async _read(): Promise<void> {
     let answer: IAttention;
     try {
-      answer = await requestGoalsAPI<IAttention>('attention', this._settings);
+      answer = await requestGoalsAPI(urls.attention(), this._settings);
     } catch {
       return; // the panel shows an unavailable server; the list keeps what it showed, and re-reads on reconnect
     }
@@ -93,6 +110,7 @@ export class AttentionInbox {
   }
 
   private _render(answer: IAttention): void {
+    this._items = [...answer.items];
     this._count = answer.count;
     // keep the dataset JupyterLab's sidebar set (its data-id names the tab)
     const { count: _old, ...dataset } = this._title.dataset; // eslint-disable-line @typescript-eslint/no-unused-vars
@@ -124,11 +142,11 @@ export class AttentionInbox {
         if (item.approval_id) {
           const id = item.approval_id;
           bar.append(
-            button('Approve', 'goals-inbox-approve', () => void this._post(`approvals/${encodeURIComponent(id)}`, { decision: 'approve' })),
+            button('Approve', 'goals-inbox-approve', () => void this._post(urls.approval(id), { decision: 'approve' })),
             button('Always allow', 'goals-inbox-always',
-              () => void this._post(`approvals/${encodeURIComponent(id)}`, { decision: 'approve', always: true }),
+              () => void this._post(urls.approval(id), { decision: 'approve', always: true }),
               `Approve, and always allow ${item.tool ?? 'this tool'} in this chat (revocable in Permissions)`),
-            button('Deny', 'goals-inbox-deny', () => void this._post(`approvals/${encodeURIComponent(id)}`, { decision: 'deny' }))
+            button('Deny', 'goals-inbox-deny', () => void this._post(urls.approval(id), { decision: 'deny' }))
           );
         }
         break;
@@ -148,7 +166,7 @@ export class AttentionInbox {
       case 'retry':
         bar.append(
           button('Retry', 'goals-inbox-retry', () =>
-            void this._post(`sessions/${encodeURIComponent(item.session_id)}/actions`, {
+            void this._post(urls.sessionActions(item.session_id), {
               action: 'retry',
               ...(item.control_version !== null ? { expected_control_version: item.control_version } : {})
             })
@@ -158,7 +176,7 @@ export class AttentionInbox {
       case 'takeover':
         bar.append(
           button('Take over', 'goals-inbox-takeover', () =>
-            void this._post(`sessions/${encodeURIComponent(item.session_id)}/actions`, {
+            void this._post(urls.sessionActions(item.session_id), {
               action: 'takeover',
               ...(item.control_version !== null ? { expected_control_version: item.control_version } : {})
             }),
@@ -171,7 +189,7 @@ export class AttentionInbox {
           const effectId = item.effect_id;
           bar.append(
             settleButtons(item.tool, outcome =>
-              void this._post(`sessions/${encodeURIComponent(item.session_id)}/actions`, {
+              void this._post(urls.sessionActions(item.session_id), {
                 action: 'settle',
                 effect_id: effectId,
                 outcome
@@ -188,7 +206,7 @@ export class AttentionInbox {
     return row;
   }
 
-  private async _post(path: string, body: Parameters<typeof postGoalsAPI>[1]): Promise<void> {
+  private async _post(path: GoalsURL, body: Parameters<typeof postGoalsAPI>[1]): Promise<void> {
     try {
       await postGoalsAPI(path, body, this._settings);
       showAlert(this._alert, null);
@@ -211,6 +229,6 @@ export class AttentionInbox {
   private readonly _alert: HTMLElement;
   private readonly _unsubscribe: () => void;
   private _count = 0;
-  private _pending: Promise<void> | null = null;
-  private _again = false;
+  private _items: IAttentionItem[] = [];
+  private readonly _reads = new OneAtATime(() => this._read());
 }

@@ -8,7 +8,7 @@ import {
   IGoal,
   IGoalsEvent,
   IHistoryRecord,
-  ISessionSnapshot,
+  IWorkView,
   ITranscriptItem,
   payloadOf,
   postGoalsAPI,
@@ -16,6 +16,7 @@ import {
   requestGoalsAPI
 } from './api';
 import { debounce, sharedEventFeed } from './events';
+import { goalsStore } from './store';
 import { editGoal, EditOutcome } from './edit';
 import { reconciliationLabel, settleButtons } from './settle';
 import {
@@ -29,6 +30,7 @@ import {
   showAlert,
   unavailableNode
 } from './views';
+import { GoalsURL, urls } from './urls';
 
 export const GOAL_MIME = 'application/vnd.jupyter-goals.goal+json';
 export const APPROVAL_MIME = 'application/vnd.jupyter-goals.approval+json';
@@ -56,14 +58,19 @@ abstract class LiveOutput extends Widget implements IRenderMime.IRenderer {
     this.ids = typeof data === 'object' && data !== null ? (data as Record<string, string>) : {};
     this.node.dataset.kind = this.kind;
     if (this._unsubscribe === null) {
-      const later = debounce(() => void this.refresh(), 150);
-      this._unsubscribe = sharedEventFeed().subscribe(events => {
-        if (events === null || events.some(e => this.concerns(e))) {
-          later();
-        }
-      });
+      this._unsubscribe = this.follow();
     }
     await this.refresh();
+  }
+
+  /** Start following what the card shows; the returned function stops. */
+  protected follow(): () => void {
+    const later = debounce(() => void this.refresh(), 150);
+    return sharedEventFeed().subscribe(events => {
+      if (events === null || events.some(e => this.concerns(e))) {
+        later();
+      }
+    });
   }
 
   /** Re-read and re-render; never rejects. */
@@ -100,7 +107,7 @@ abstract class LiveOutput extends Widget implements IRenderMime.IRenderer {
   protected abstract concerns(event: IGoalsEvent): boolean;
 
   /** POST an action, show a refusal (409 included) clearly, then re-read. */
-  protected async act(path: string, body: RequestBody): Promise<void> {
+  protected async act(path: GoalsURL, body: RequestBody): Promise<void> {
     try {
       await postGoalsAPI(path, body, this.settings);
       showAlert(this._alert, null);
@@ -133,13 +140,13 @@ class GoalOutput extends LiveOutput {
 
   protected async load(): Promise<HTMLElement> {
     const goal = await requestGoalsAPI<IGoal>(
-      `goals/${encodeURIComponent(this.ids.goal_id ?? '')}`,
+      urls.goal(this.ids.goal_id ?? ''),
       this.settings
     );
     this._sessionId = goal.session_id;
     return goalView(goal, {
       onAction: action =>
-        this.act(`goals/${encodeURIComponent(goal.goal_id)}/actions`, {
+        this.act(urls.goalActions(goal.goal_id), {
           action,
           expected_revision: goal.revision
         }),
@@ -149,9 +156,10 @@ class GoalOutput extends LiveOutput {
 
   protected concerns(event: IGoalsEvent): boolean {
     const sessionId = this._sessionId ?? this.ids.session_id;
+    // its Goal's own events, and what changes its usage line and phase (the session's receipts, phases)
     return (
       payloadOf(event).goal_id === this.ids.goal_id ||
-      (!!sessionId && event.session_id === sessionId)
+      (!!sessionId && event.session_id === sessionId && /^(goal\.|todo\.|usage\.updated|work\.phase)/.test(event.kind))
     );
   }
 
@@ -166,7 +174,7 @@ class ApprovalOutput extends LiveOutput {
     try {
       // the one approval it shows (GET /approvals/{id}), not every approval of the server
       approval = await requestGoalsAPI<IApproval>(
-        `approvals/${encodeURIComponent(this.ids.approval_id ?? '')}`,
+        urls.approval(this.ids.approval_id ?? ''),
         this.settings
       );
     } catch (error) {
@@ -175,15 +183,20 @@ class ApprovalOutput extends LiveOutput {
       }
       throw error;
     }
+    this._callId = approval.call_id;
     return approvalView(approval, (path, body) => this.act(path, body));
   }
 
   protected concerns(event: IGoalsEvent): boolean {
+    // its own approval's events (requested, decided, invalidated), and its call's dispatch (consumed)
+    const payload = payloadOf(event);
     return (
-      event.kind.startsWith('approval.') &&
-      (payloadOf(event).approval_id === this.ids.approval_id || event.session_id === this.ids.session_id)
+      (event.kind.startsWith('approval.') && payload.approval_id === this.ids.approval_id) ||
+      (event.kind === 'effect.state' && this._callId !== null && payload.call_id === this._callId)
     );
   }
+
+  private _callId: string | null = null;
 }
 
 class HistoryOutput extends LiveOutput {
@@ -191,7 +204,7 @@ class HistoryOutput extends LiveOutput {
 
   protected async load(): Promise<HTMLElement> {
     const record = await requestGoalsAPI<IHistoryRecord>(
-      `history/${encodeURIComponent(this.ids.record_id ?? '')}`,
+      urls.historyRecord(this.ids.record_id ?? ''),
       this.settings
     );
     return historyRow(record);
@@ -216,22 +229,71 @@ const CHAT_MAX_PAGES = 10;
 class ChatOutput extends LiveOutput {
   protected readonly kind = 'chat';
 
+  /**
+   * Its work item's items: read once (`?work_id=`, a page at a time), then taken from the session's
+   * entry of the page's store as they arrive (the read the session's other views share); read again
+   * from the start only after the feed reconnects.
+   */
+  protected follow(): () => void {
+    const entry = goalsStore().session(this.ids.session_id ?? '');
+    return entry.subscribe((_entry, change) => {
+      if (change.resync) {
+        this._loaded = false; // the server came back: its items are read again from the start
+        void this.refresh();
+        return;
+      }
+      if (!change.changed || entry.snapshot === null) {
+        return;
+      }
+      const mine = (change.reset ? entry.items : change.added).filter(i => i.work_id === this.ids.work_id);
+      // its work item's state while it is the session's current one (then the items say how it ended)
+      const current = entry.snapshot.work;
+      const work = current !== null && current.work_id === this.ids.work_id ? current : null;
+      if (this._loaded && (mine.length > 0 || JSON.stringify(work) !== JSON.stringify(this._work))) {
+        this._merge(mine);
+        this._work = work;
+        void this.refresh();
+      }
+    });
+  }
+
   protected async load(): Promise<HTMLElement> {
-    const sid = encodeURIComponent(this.ids.session_id ?? '');
+    const sid = this.ids.session_id ?? '';
     const workId = this.ids.work_id ?? '';
-    // only its work item's items (`?work_id=`), a page at a time while that work item has more
-    const only = workId ? `work_id=${encodeURIComponent(workId)}&` : '';
-    let snap = await requestGoalsAPI<ISessionSnapshot>(`sessions/${sid}?${only}after=0&limit=${CHAT_PAGE}`, this.settings);
-    const found: ITranscriptItem[] = workId ? [...(snap.transcript?.items ?? [])] : [];
-    for (let pages = 1; workId && snap.transcript?.next_cursor != null && pages < CHAT_MAX_PAGES; pages++) {
-      const after = snap.transcript.next_cursor;
-      snap = await requestGoalsAPI<ISessionSnapshot>(
-        `sessions/${sid}?${only}after=${after}&limit=${CHAT_PAGE}`,
-        this.settings
-      );
-      found.push(...(snap.transcript?.items ?? []));
+    if (!this._loaded) {
+      // only its work item's items, a page at a time while that work item has more
+      let snap = await requestGoalsAPI(urls.session(sid, { work_id: workId || undefined, after: 0, limit: CHAT_PAGE }),
+        this.settings);
+      const found: ITranscriptItem[] = workId ? [...(snap.transcript?.items ?? [])] : [];
+      for (let pages = 1; workId && snap.transcript?.next_cursor != null && pages < CHAT_MAX_PAGES; pages++) {
+        snap = await requestGoalsAPI(urls.session(sid, { work_id: workId, after: snap.transcript.next_cursor,
+          limit: CHAT_PAGE }), this.settings);
+        found.push(...(snap.transcript?.items ?? []));
+      }
+      this._items.clear();
+      this._merge(found);
+      this._work = snap.work && snap.work.work_id === workId ? snap.work : null;
+      this._loaded = true;
     }
-    const items = found.filter((i: ITranscriptItem) => i.work_id === workId && CHAT_KINDS.has(i.kind));
+    return this._render();
+  }
+
+  protected concerns(): boolean {
+    return false; // it follows the store (see `follow`)
+  }
+
+  private _merge(items: ITranscriptItem[]): void {
+    for (const item of items) {
+      if (item.work_id === this.ids.work_id) {
+        this._items.set(item.seq, item);
+      }
+    }
+  }
+
+  private _render(): HTMLElement {
+    const items = Array.from(this._items.values())
+      .sort((a, b) => a.seq - b.seq)
+      .filter(i => CHAT_KINDS.has(i.kind));
     const node = el('div', 'jp-goals-chat', undefined, 'goals-chat');
     node.dataset.workId = this.ids.work_id ?? '';
     const settled = new Set(items.filter(i => i.kind === 'reconciliation').map(i => i.call_id));
@@ -254,7 +316,7 @@ class ChatOutput extends LiveOutput {
         const callId = item.call_id;
         row.append(
           settleButtons(item.tool, outcome =>
-            void this.act(`sessions/${encodeURIComponent(this.ids.session_id ?? '')}/actions`, {
+            void this.act(urls.sessionActions(this.ids.session_id ?? ''), {
               action: 'settle',
               effect_id: callId,
               outcome
@@ -264,7 +326,7 @@ class ChatOutput extends LiveOutput {
       }
       node.append(row);
     }
-    const work = snap.work && snap.work.work_id === this.ids.work_id ? snap.work : null;
+    const work = this._work;
     const phase = work ? work.phase : items.some(i => i.kind === 'assistant') ? 'done' : 'queued';
     const status = el('div', 'jp-goals-chat-status');
     status.append(badge(phase, 'goals-chat-phase'));
@@ -275,10 +337,9 @@ class ChatOutput extends LiveOutput {
     return node;
   }
 
-  protected concerns(event: IGoalsEvent): boolean {
-    // its own work item only: other chats of the session do not re-read this card
-    return event.work_id === this.ids.work_id;
-  }
+  private _loaded = false;
+  private readonly _items = new Map<number, ITranscriptItem>();
+  private _work: IWorkView | null = null;
 }
 
 function factory(

@@ -1,19 +1,31 @@
 import { ServerConnection } from '@jupyterlab/services';
 
 import { IModelInfo, IModelList, requestGoalsAPI } from './api';
+import { sharedEventFeed } from './events';
+import { urls } from './urls';
 
-const TTL_MS = 30000;
+const TTL_MS = 300000;
 
-/** `GET /api/goals/models`, read at most every 30 s per page (the list changes with the config only). */
+/**
+ * `GET /api/goals/models`, read when a view first needs it, then again only when the event feed
+ * reconnects (a restarted server may have another config) or, asked after 5 minutes, for credentials
+ * set meanwhile. Never read on a timer.
+ */
 export class ModelCatalog {
-  constructor(private readonly _settings: ServerConnection.ISettings) {}
+  constructor(private readonly _settings: ServerConnection.ISettings) {
+    sharedEventFeed().subscribe(events => {
+      if (events === null && this._at > 0) {
+        this._at = 0; // the next `list()` reads again
+      }
+    });
+  }
 
   /** The configured models; rejects like `requestGoalsAPI` when the server cannot say. */
   list(): Promise<IModelList> {
     const now = Date.now();
-    if (this._pending === null || now - this._at > TTL_MS) {
+    if (this._pending === null || this._at === 0 || now - this._at > TTL_MS) {
       this._at = now;
-      this._pending = requestGoalsAPI<IModelList>('models', this._settings).catch(error => {
+      this._pending = requestGoalsAPI<IModelList>(urls.models(), this._settings).catch(error => {
         this._pending = null;
         throw error;
       });

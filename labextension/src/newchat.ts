@@ -6,6 +6,7 @@ import { ICreateSession, IModelList, ISessionCreated, postGoalsAPI } from './api
 import { field } from './composer';
 import { modelCatalog } from './models';
 import { actionErrorText, el } from './views';
+import { urls } from './urls';
 
 /** What the "New chat" form sends as `POST /api/goals/sessions` (an `ICreateSession`). */
 export interface INewChat extends ICreateSession {
@@ -138,7 +139,7 @@ export async function newChat(
     return null;
   }
   try {
-    const created = await postGoalsAPI<ISessionCreated>('sessions', result.value, settings);
+    const created = await postGoalsAPI<ISessionCreated>(urls.sessions(), result.value, settings);
     return created.session_id;
   } catch (error) {
     await showDialog({

@@ -3,6 +3,7 @@ import { Notification } from '@jupyterlab/apputils';
 import { IApproval, IApprovalList, IGoalsEvent, payloadOf, requestGoalsAPI } from './api';
 import { editGoal } from './edit';
 import { sharedEventFeed } from './events';
+import { urls } from './urls';
 
 /** What a notification says and the key that makes it appear once. */
 export interface INotice {
@@ -102,7 +103,7 @@ export function startNotifications(open: (sessionId: string) => void): () => voi
     // center keeps it until dismissed
     Notification.emit(notice.message, notice.type, { autoClose: notice.type === 'error' ? 15000 : 8000, actions });
   };
-  requestGoalsAPI<IApprovalList>('approvals?state=pending')
+  requestGoalsAPI<IApprovalList>(urls.approvals('pending'))
     .then(answer => {
       for (const approval of answer.approvals ?? []) {
         if (approval.state === 'pending') {

@@ -5,7 +5,6 @@ import { Widget } from '@lumino/widgets';
 import {
   GoalsAPIError,
   IGoalsEvent,
-  IHistoryList,
   IModelInfo,
   ISessionSnapshot,
   ITranscriptItem,
@@ -16,7 +15,8 @@ import {
 import { ContinuityBanner } from './banner';
 import { Composer } from './composer';
 import { editPermissions } from './edit';
-import { debounce, sharedEventFeed } from './events';
+import { sharedEventFeed } from './events';
+import { goalsStore, ISessionChange, SessionEntry } from './store';
 import { modelCatalog } from './models';
 import { TranscriptList } from './transcript';
 import { usageLine } from './usage';
@@ -35,10 +35,8 @@ import {
   showHistoryDetails,
   unavailableNode
 } from './views';
+import { GoalsURL, urls } from './urls';
 
-/** The newest page a session view opens with; older pages load on scroll up. */
-export const PAGE_SIZE = 100;
-const FORWARD_PAGE = 500;
 
 /** One sentence each, so a person knows which to press. */
 export const PAUSE_WORDS = 'Pause lets the running step finish and starts nothing new.';
@@ -73,7 +71,7 @@ export class SessionView extends Widget {
     this._error = el('div');
     this._alert = alertNode('goals-session-alert');
     this._banner = new ContinuityBanner(sessionId, this._settings, {
-      act: action => this._act(`sessions/${encodeURIComponent(this.sessionId)}/actions`, {
+      act: action => this._act(urls.sessionActions(this.sessionId), {
         action,
         ...(this._version !== null ? { expected_control_version: this._version } : {})
       }),
@@ -84,12 +82,12 @@ export class SessionView extends Widget {
       openGoalRecord: item => void this._openRecord(item),
       loadOlder: () => void this._loadOlder(),
       cancelCall: callId =>
-        void this._act(`sessions/${encodeURIComponent(this.sessionId)}/actions`, {
+        void this._act(urls.sessionActions(this.sessionId), {
           action: 'cancel_tool',
           effect_id: callId
         }),
       settleCall: (callId, outcome) =>
-        void this._act(`sessions/${encodeURIComponent(this.sessionId)}/actions`, {
+        void this._act(urls.sessionActions(this.sessionId), {
           action: 'settle',
           effect_id: callId,
           outcome
@@ -102,13 +100,13 @@ export class SessionView extends Widget {
     this._draft.setAttribute('aria-live', 'polite');
     this._composer = new Composer(sessionId, this._settings, {
       showsItem: itemId => this._transcript.hasItem(itemId),
-      onSent: () => this._refreshSoon(),
+      onSent: () => undefined, // what it sent arrives as events of this session, read by the store
       onGoalAction: (path, body) => this._act(path, body)
     });
-    // the feed emits nothing while the server is gone: say so from its mode
-    this._connectionTimer = window.setInterval(() => {
-      this._showConnection(sharedEventFeed().mode === 'down' ? 'Reconnecting to the server…' : '');
-    }, 500);
+    // the feed emits nothing while the server is gone: it tells when it cannot reach it
+    this._stopConnection = sharedEventFeed().onMode(mode =>
+      this._showConnection(mode === 'down' ? 'Reconnecting to the server…' : '')
+    );
     this.node.append(
       this._header,
       this._banner.node,
@@ -121,20 +119,9 @@ export class SessionView extends Widget {
     );
   }
 
-  /** Re-read the session (forward from the last seen seq; the first read opens the newest page). */
+  /** Read what is new of the session (the store's shared read); never rejects. */
   refresh(): Promise<void> {
-    if (this._pending) {
-      this._again = true;
-      return this._pending;
-    }
-    this._pending = this._refresh().finally(() => {
-      this._pending = null;
-      if (this._again && !this.isDisposed) {
-        this._again = false;
-        void this.refresh();
-      }
-    });
-    return this._pending;
+    return this._entry?.refresh() ?? Promise.resolve();
   }
 
   /** Resolves once the first page is rendered (tests and the open command time this). */
@@ -143,29 +130,25 @@ export class SessionView extends Widget {
   }
 
   dispose(): void {
-    this._unsubscribe?.();
-    this._unsubscribe = null;
+    this._unfollow();
     this._composer.dispose();
-    window.clearInterval(this._connectionTimer);
+    this._stopConnection();
     super.dispose();
   }
 
   protected onAfterAttach(msg: Message): void {
     super.onAfterAttach(msg);
     this._follow();
-    void this.refresh();
   }
 
   protected onBeforeDetach(msg: Message): void {
-    this._unsubscribe?.();
-    this._unsubscribe = null;
+    this._unfollow();
     super.onBeforeDetach(msg);
   }
 
   protected onAfterShow(msg: Message): void {
     super.onAfterShow(msg);
     this._transcript.update();
-    void this.refresh();
   }
 
   protected onResize(msg: Widget.ResizeMessage): void {
@@ -178,34 +161,66 @@ export class SessionView extends Widget {
     this._composer.focus();
   }
 
+  /** The store's entry of this session feeds the view; the feed itself only wakes the banner. */
   private _follow(): void {
-    if (this._unsubscribe !== null) {
+    if (this._entry !== null) {
       return;
     }
-    const feed = sharedEventFeed();
-    this._unsubscribe = feed.subscribe(events => {
-      if (events === null) {
-        void this.refresh(); // a (re)connect: snapshot again
-        void this._banner.refresh(); // the server may have come back: what did its recovery do here?
-        return;
-      }
-      let relevant = false;
-      for (const event of events) {
-        if (event.kind === 'recovery.summary') {
-          void this._banner.refresh();
-        }
-        if (event.session_id !== this.sessionId) {
-          continue;
-        }
-        relevant = true;
-        this._onEvent(event);
-      }
-      if (relevant) {
-        this._refreshSoon();
+    this._entry = goalsStore().session(this.sessionId);
+    this._unsubscribeEntry = this._entry.subscribe((entry, change) => this._onChange(entry, change));
+    this._unsubscribe = sharedEventFeed().subscribe(events => {
+      if (events === null || events.some(e => e.kind === 'recovery.summary')) {
+        void this._banner.refresh(); // the server came back: what did its recovery do here?
       }
     });
   }
 
+  private _unfollow(): void {
+    this._unsubscribe?.();
+    this._unsubscribe = null;
+    this._unsubscribeEntry?.();
+    this._unsubscribeEntry = null;
+    this._entry = null;
+  }
+
+  private _onChange(entry: SessionEntry, change: ISessionChange): void {
+    for (const event of change.events) {
+      this._onEvent(event);
+    }
+    if (!change.changed) {
+      return;
+    }
+    if (entry.error !== null || entry.snapshot === null) {
+      this._showError(entry.error);
+      return;
+    }
+    if (change.reset) {
+      this._transcript.reset(entry.items);
+      void this._banner.refresh();
+    } else if (change.added.length > 0) {
+      this._transcript.append(change.added);
+    }
+    this._transcript.setOlderState(entry.prevCursor === null ? 'start' : 'more');
+    this._error.replaceChildren();
+    this.node.classList.remove('jp-goals-mod-stale');
+    void this._render(entry.snapshot).then(() => this._resolveReady());
+  }
+
+  private _showError(error: unknown): void {
+    const detail = error instanceof Error ? error.message : String(error);
+    const shown = this._error.querySelector<HTMLElement>('[data-testid="goals-session-error-detail"]');
+    if (shown) {
+      shown.textContent = detail; // keep the box (and its Refresh button) in place while reads fail
+    } else {
+      this._error.replaceChildren(unavailableNode(detail, () => void this.refresh(), 'goals-session-error'));
+    }
+    this.node.classList.add('jp-goals-mod-stale');
+    if (error instanceof GoalsAPIError && error.status === 404) {
+      this._title.textContent = 'Session not found';
+    }
+  }
+
+  /** Says "Reconnecting…" while the feed cannot reach the server (told by the feed, not polled). */
   private _showConnection(text: string): void {
     if (this._connection.textContent !== text) {
       this._connection.textContent = text;
@@ -239,72 +254,20 @@ export class SessionView extends Widget {
     this._draft.replaceChildren();
   }
 
-  private _refreshSoon = debounce(() => void this.refresh(), 60);
-
-  private async _refresh(): Promise<void> {
-    const id = encodeURIComponent(this.sessionId);
-    try {
-      let snapshot: ISessionSnapshot;
-      if (!this._opened) {
-        snapshot = await requestGoalsAPI<ISessionSnapshot>(
-          `sessions/${id}?before=latest&limit=${PAGE_SIZE}`,
-          this._settings
-        );
-        this._transcript.reset(snapshot.transcript?.items ?? []);
-        this._prevCursor = snapshot.transcript?.prev_cursor ?? null;
-        this._transcript.setOlderState(this._prevCursor === null ? 'start' : 'more');
-        this._opened = true;
-        void this._banner.refresh();
-      } else {
-        snapshot = await requestGoalsAPI<ISessionSnapshot>(
-          `sessions/${id}?after=${this._transcript.lastSeq}&limit=${FORWARD_PAGE}`,
-          this._settings
-        );
-        this._transcript.append(snapshot.transcript?.items ?? []);
-        if (snapshot.transcript?.next_cursor) {
-          this._again = true; // more than a page arrived: read on
-        }
-      }
-      this._error.replaceChildren();
-      this.node.classList.remove('jp-goals-mod-stale');
-      sharedEventFeed().nudge(); // the server answers: the feed need not wait out its backoff
-      await this._render(snapshot);
-      this._resolveReady();
-    } catch (error) {
-      const detail = error instanceof Error ? error.message : String(error);
-      const shown = this._error.querySelector<HTMLElement>('[data-testid="goals-session-error-detail"]');
-      if (shown) {
-        shown.textContent = detail; // keep the box (and its Refresh button) in place while reads fail
-      } else {
-        this._error.replaceChildren(unavailableNode(detail, () => void this.refresh(), 'goals-session-error'));
-      }
-      this.node.classList.add('jp-goals-mod-stale');
-      if (error instanceof GoalsAPIError && error.status === 404) {
-        this._title.textContent = 'Session not found';
-      }
-    }
-  }
-
   private async _loadOlder(): Promise<void> {
-    if (this._loadingOlder || this._prevCursor === null || !this._opened) {
+    const entry = this._entry;
+    if (this._loadingOlder || entry === null || entry.prevCursor === null || !entry.opened) {
       return;
     }
     this._loadingOlder = true;
     this._transcript.setOlderState('loading');
     try {
-      const id = encodeURIComponent(this.sessionId);
-      const snapshot = await requestGoalsAPI<ISessionSnapshot>(
-        `sessions/${id}?before=${this._prevCursor}&limit=${PAGE_SIZE}`,
-        this._settings
-      );
-      const items: ITranscriptItem[] = snapshot.transcript?.items ?? [];
-      this._prevCursor = snapshot.transcript?.prev_cursor ?? null;
-      this._transcript.prepend(items);
+      this._transcript.prepend(await entry.loadOlder());
     } catch (error) {
       showAlert(this._alert, `Older messages could not be read: ${actionErrorText(error)}`);
     } finally {
       this._loadingOlder = false;
-      this._transcript.setOlderState(this._prevCursor === null ? 'start' : 'more');
+      this._transcript.setOlderState(entry.prevCursor === null ? 'start' : 'more');
     }
   }
 
@@ -345,7 +308,7 @@ export class SessionView extends Widget {
     replaceKeepingFocus(
       this._actions,
       actionBar('goals-session-view', SESSION_VIEW_ACTIONS, snapshot.actions, why, action =>
-        this._act(`sessions/${encodeURIComponent(this.sessionId)}/actions`, {
+        this._act(urls.sessionActions(this.sessionId), {
           action,
           ...(work?.control_version !== undefined ? { expected_control_version: work.control_version } : {})
         })
@@ -356,7 +319,7 @@ export class SessionView extends Widget {
               'Take over',
               'goals-session-view-takeover',
               () =>
-                void this._act(`sessions/${encodeURIComponent(this.sessionId)}/actions`, {
+                void this._act(urls.sessionActions(this.sessionId), {
                   action: 'takeover',
                   ...(work?.control_version !== undefined ? { expected_control_version: work.control_version } : {})
                 }),
@@ -421,8 +384,8 @@ export class SessionView extends Widget {
 
   private async _openRecord(item: ITranscriptItem): Promise<void> {
     try {
-      const answer = await requestGoalsAPI<IHistoryList>(
-        `sessions/${encodeURIComponent(this.sessionId)}/history`,
+      const answer = await requestGoalsAPI(
+        urls.sessionHistory(this.sessionId),
         this._settings
       );
       const goalId = item.meta?.goal_id;
@@ -447,7 +410,7 @@ export class SessionView extends Widget {
     }
   }
 
-  private async _act(path: string, body: RequestBody): Promise<void> {
+  private async _act(path: GoalsURL, body: RequestBody): Promise<void> {
     await postAction(path, body, this._settings, this._alert);
     await this.refresh();
   }
@@ -468,13 +431,11 @@ export class SessionView extends Widget {
   private readonly _draft: HTMLElement;
   private readonly _transcript: TranscriptList;
   private readonly _composer: Composer;
-  private readonly _connectionTimer: number;
+  private readonly _stopConnection: () => void;
   private _draftText = '';
-  private _opened = false;
-  private _prevCursor: number | null = null;
   private _loadingOlder = false;
-  private _pending: Promise<void> | null = null;
-  private _again = false;
+  private _entry: SessionEntry | null = null;
+  private _unsubscribeEntry: (() => void) | null = null;
   private _unsubscribe: (() => void) | null = null;
 }
 

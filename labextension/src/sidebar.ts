@@ -3,12 +3,14 @@ import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import {
+  IGoalsEvent,
   IHealth,
   IRecovery,
   ISessionList,
   ISessionSummary,
   isHealth,
   isSessionList,
+  payloadOf,
   requestGoalsAPI
 } from './api';
 import { SessionDetail } from './detail';
@@ -17,6 +19,7 @@ import { AttentionInbox } from './inbox';
 import { debounce, sharedEventFeed } from './events';
 import { modelCatalog } from './models';
 import { RecoverySummary } from './recovery';
+import { urls } from './urls';
 import { button, cssToken, el, replaceKeepingFocus } from './views';
 
 /** Sessions per page of `GET /sessions` (keyset paging); "Show more sessions" reads the next. */
@@ -27,9 +30,6 @@ export interface ISidebarHost {
   openSession(sessionId: string): void;
   newChat(): void;
 }
-
-/** How often the visible panel re-reads the server state. */
-export const REFRESH_INTERVAL_MS = 5000;
 
 export const UNAVAILABLE_TEXT = 'State temporarily unavailable';
 export const EMPTY_TEXT = 'No sessions yet';
@@ -212,19 +212,32 @@ export class GoalsSidebar extends Widget {
     this._host?.openSession(sessionId);
   }
 
+  /**
+   * Follow the feed while visible: an event that changes a listed session's title or phase patches its
+   * row, activity moves it to the top (the list's order), and only what the rows cannot show says read
+   * the list again (a new session, one not listed, a filter the change may affect, a recovery pass, a
+   * worker starting or dying, a reconnect). Nothing polls: when the feed cannot reach the server the
+   * panel reads once, to show what is unavailable, and again when the feed is back.
+   */
   private _startTimer(): void {
     this._detail.setLive(true);
     if (this._unsubscribe === null) {
-      // new sessions and phase changes show up at once; the timer below is the backstop
       const later = debounce(() => void this.refresh(), 300);
-      this._unsubscribe = sharedEventFeed().subscribe(() => later());
-    }
-    if (this._timer === null) {
-      this._timer = window.setInterval(() => {
-        if (this.isVisible && document.visibilityState !== 'hidden') {
+      const feed = sharedEventFeed();
+      const unsubscribe = feed.subscribe(events => {
+        if (events === null || this._apply(events)) {
+          later();
+        }
+      });
+      const stopMode = feed.onMode(mode => {
+        if (mode === 'down') {
           void this.refresh();
         }
-      }, REFRESH_INTERVAL_MS);
+      });
+      this._unsubscribe = () => {
+        unsubscribe();
+        stopMode();
+      };
     }
   }
 
@@ -232,28 +245,57 @@ export class GoalsSidebar extends Widget {
     this._detail.setLive(false);
     this._unsubscribe?.();
     this._unsubscribe = null;
-    if (this._timer !== null) {
-      window.clearInterval(this._timer);
-      this._timer = null;
-    }
   }
+
+  /** Patch the listed rows from events; true when the list must be read again. */
+  private _apply(events: IGoalsEvent[]): boolean {
+    let read = false;
+    let changed = false;
+    for (const event of events) {
+      if (/^(session\.created|recovery\.summary|worker\.)/.test(event.kind)) {
+        read = true;
+        continue;
+      }
+      const sid = event.session_id;
+      if (!sid || !/^(session\.updated|work\.(phase|created)|message\.accepted)$/.test(event.kind)) {
+        continue;
+      }
+      const index = this._sessions.findIndex(s => s.session_id === sid);
+      if (index < 0 || this._text !== '' || (this._state !== '' && event.kind.startsWith('work.'))) {
+        read = true; // a session the list does not show, or a change a filter may decide on
+        continue;
+      }
+      const payload = payloadOf(event);
+      let row = this._sessions[index];
+      if (event.kind === 'session.updated') {
+        row = { ...row, title: String(payload.title ?? row.title), model: String(payload.model ?? row.model) };
+      } else if (event.kind === 'work.phase') {
+        if (row.work === null) {
+          read = true;
+          continue;
+        }
+        row = { ...row, work: { ...row.work, work_id: event.work_id ?? row.work.work_id, phase: payload.phase,
+          reason_code: payload.reason_code, reason: payload.reason, desired_state: payload.desired_state } };
+      }
+      this._sessions.splice(index, 1);
+      // newest activity first: created, renamed, a message accepted, a turn admitted (a phase alone keeps its place)
+      this._sessions.splice(event.kind === 'work.phase' ? index : 0, 0, row);
+      changed = true;
+    }
+    if (changed && !read) {
+      this._renderSessions(this._sessions, this._more);
+    }
+    return read;
+  }
+
 
   /** The loaded pages, read again from the first (a page at most `SESSIONS_PAGE` long). */
   private async _loadSessions(): Promise<{ sessions: ISessionSummary[]; more: string | number | null }> {
     const all: ISessionSummary[] = [];
     let cursor: string | number | null = null;
     for (let page = 0; page < this._pages; page++) {
-      let query = `sessions?limit=${SESSIONS_PAGE}`;
-      if (cursor !== null) {
-        query += `&cursor=${encodeURIComponent(String(cursor))}`;
-      }
-      if (this._text) {
-        query += `&q=${encodeURIComponent(this._text)}`;
-      }
-      if (this._state) {
-        query += `&state=${encodeURIComponent(this._state)}`;
-      }
-      const answer = await requestGoalsAPI<unknown>(query, this._settings);
+      const query = urls.sessions({ limit: SESSIONS_PAGE, cursor, q: this._text, state: this._state });
+      const answer: unknown = await requestGoalsAPI(query, this._settings);
       if (!isSessionList(answer)) {
         throw new Error('sessions: unexpected response');
       }
@@ -268,9 +310,9 @@ export class GoalsSidebar extends Widget {
 
   private async _load(): Promise<ISnapshot> {
     const [health, sessions, recovery, models] = await Promise.allSettled([
-      requestGoalsAPI<unknown>('health', this._settings),
+      requestGoalsAPI(urls.health(), this._settings),
       this._loadSessions(),
-      requestGoalsAPI<IRecovery>('recovery', this._settings),
+      requestGoalsAPI(urls.recovery(), this._settings),
       modelCatalog(this._settings).list()
     ]);
     if (models.status === 'fulfilled') {
@@ -315,7 +357,9 @@ export class GoalsSidebar extends Widget {
       this._renderHealth(snapshot.health);
     }
     if (snapshot.sessions) {
-      this._renderSessions(snapshot.sessions, snapshot.more);
+      this._sessions = [...snapshot.sessions];
+      this._more = snapshot.more;
+      this._renderSessions(this._sessions, this._more);
     }
     this._recovery.render(snapshot.recovery);
     // Data that could not be re-read this time is kept but marked stale;
@@ -472,7 +516,8 @@ export class GoalsSidebar extends Widget {
   private _unsubscribe: (() => void) | null = null;
   private _hasHealth = false;
   private _pending: Promise<void> | null = null;
-  private _timer: number | null = null;
+  private _sessions: ISessionSummary[] = [];
+  private _more: string | number | null = null;
 }
 
 function sessionRow(session: ISessionSummary, modelAbout = ''): HTMLLIElement {

@@ -13,6 +13,7 @@ import {
   postGoalsAPI,
   RequestBody
 } from './api';
+import { GoalsURL, urls } from './urls';
 
 /**
  * DOM builders shared by the sidebar and the notebook outputs. They render what the server
@@ -257,7 +258,7 @@ export function goalView(goal: IGoal, options: IGoalViewOptions = {}): HTMLEleme
  */
 export function approvalView(
   approval: IApproval,
-  post?: (path: string, body: RequestBody) => Promise<void>
+  post?: (path: GoalsURL, body: RequestBody) => Promise<void>
 ): HTMLElement {
   const root = el('div', 'jp-goals-approval', undefined, 'goals-approval');
   root.dataset.approvalId = approval.approval_id;
@@ -303,7 +304,7 @@ export function approvalView(
     const decide = (decision: 'approve' | 'deny', always = false) => {
       buttons.forEach(b => (b.disabled = true));
       const body = always ? { decision, always: true } : { decision };
-      void post(`approvals/${encodeURIComponent(approval.approval_id)}`, body).finally(() => {
+      void post(urls.approval(approval.approval_id), body).finally(() => {
         buttons.forEach(b => (b.disabled = false));
       });
     };
@@ -412,7 +413,7 @@ export function actionErrorText(error: unknown): string {
 
 /** POST an action; its refusal (a 409 included) goes to `alert`, success clears it. Never rejects. */
 export async function postAction(
-  path: string,
+  path: GoalsURL,
   body: RequestBody,
   settings: ServerConnection.ISettings,
   alert: HTMLElement

@@ -272,4 +272,9 @@ CREATE TABLE allow_rules (
   added_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (session_id, rule_key))
 """,
     ),
+    (
+        13,
+        "a work item's transcript items in seq order without a scan of its session (a notebook chat card's read)",
+        "CREATE INDEX transcript_work_seq ON transcript (work_id, seq)",
+    ),
 ]
