@@ -461,6 +461,16 @@ def transcript(server: LabServer, session_id: str) -> list[dict[str, Any]]:
     return list(api(server, "GET", f"sessions/{session_id}?after=0&limit=5000")["transcript"]["items"])
 
 
+def notifications(lab: LabPage, text: str) -> int:
+    """How many notifications JupyterLab's notification center holds whose message contains ``text``. A
+    toast closes after a few seconds (later on a loaded machine the count of toasts is a race); the center
+    keeps every notification until it is dismissed. Opens the center (the status bar's popup)."""
+    lab.page.evaluate("() => window.jupyterapp.commands.execute('apputils:display-notifications')")
+    listing = lab.page.locator(".jp-Notification-List")
+    listing.wait_for(timeout=10_000)
+    return listing.locator(".jp-Notification-List-Item").filter(has_text=text).count()
+
+
 def item(view: Locator, kind: str, text: str = "") -> Locator:
     found = view.locator(f'[data-testid="goals-item"][data-kind="{kind}"]')
     return found.filter(has_text=text) if text else found

@@ -221,6 +221,12 @@ def test_the_attention_inbox_lists_what_waits_with_its_action_and_counts_it_on_t
             assert "token budget" in budget.inner_text()
             assert budget.get_by_role("button", name="Edit Goal").is_enabled()
             lab.screenshot(tmp_path / "inbox.png")
+            # the badge draws the number on the tab, also while the tab is the current one (JupyterLab draws
+            # that tab's border with ::after over the whole tab: a badge there lost its number to it)
+            badge = tab.evaluate("(t) => { const s = getComputedStyle(t, '::before');"
+                                 " return [s.content, s.position, s.width, t.classList.contains('lm-mod-current')]; }")
+            assert badge[0] == '"2"' and badge[1] == "absolute" and badge[3] is True, badge
+            assert float(badge[2].removesuffix("px")) < 30, badge  # a small badge, not the whole tab
 
             approval.get_by_role("button", name="Approve").click()
             wait_until(lambda: (server.root_dir / "w.txt").exists(), "the approved write", 30)

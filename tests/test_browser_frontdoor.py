@@ -26,6 +26,7 @@ from .browser import (
     item,
     jp_asyncio_loop,  # noqa: F401 - Playwright keeps its own loop (see there)
     new_chat_from_panel,
+    notifications,
     require_chromium,
     run_jupyter_lab,
     send,
@@ -208,6 +209,7 @@ def test_ask_session_approve_from_the_session_view_runs_once(browser: Browser, t
             assert view.get_by_role("button", name="Deny", exact=True).is_enabled()
             toast = lab.page.locator(".jp-toast-message").filter(has_text="Approval needed")
             toast.first.wait_for(timeout=10_000)
+            assert notifications(lab, "Approval needed") == 1  # once per approval, not once per event
             # a page opened while the approval is pending says so too (its event came before the page;
             # the event feed starts at the newest seq, so this notice comes from GET /approvals)
             lab.reload()
@@ -230,7 +232,8 @@ def test_ask_session_approve_from_the_session_view_runs_once(browser: Browser, t
             assert len(effect_events(server, session_id, "dispatched")) == 1
             results = [i for i in transcript(server, session_id) if i["kind"] == "tool_result"]
             assert [r["state"] for r in results] == ["committed"]
-            assert toast.count() == 1  # once per approval, not once per event
+            # its Open dismissed it, and nothing after (the decision, the call, the answer) notified it again
+            assert notifications(lab, "Approval needed") == 0
         finally:
             lab.close()
 

@@ -25,6 +25,7 @@ from .browser import (
     item,
     jp_asyncio_loop,  # noqa: F401 - Playwright keeps its own loop (see there)
     new_chat_from_panel,
+    notifications,
     require_chromium,
     run_jupyter_lab,
     send,
@@ -186,7 +187,7 @@ def test_model_picker_shows_missing_credentials_creates_with_the_chosen_model_an
             demo_id = new_chat_from_panel(lab, "later chat", mode="bypass")
             send(session_view(lab, demo_id), "hello")
             item(session_view(lab, demo_id), "assistant", "I am the offline demo model").wait_for(timeout=60_000)
-            assert toasts.count() == 1, toasts.all_inner_texts()
+            assert notifications(lab, "Work failed:") == 1
         finally:
             lab.close()
 
