@@ -86,6 +86,25 @@ def _claim_key(attempt: Row) -> str:
     return f"recover:{attempt['attempt_id']}"
 
 
+class _Prefetched:
+    """Work items read for a whole chunk: each one's row as read the first time it comes up, a fresh
+    ``c.get_work`` after (an earlier step of the same transaction may have changed it)."""
+
+    def __init__(self, rows: dict[str, Row]) -> None:
+        self.rows = rows
+        self.seen: set[str] = set()
+
+    def first(self, work_id: str) -> bool:
+        return work_id not in self.seen
+
+    def work(self, tx: Tx, work_id: str) -> Row:
+        if work_id in self.seen or work_id not in self.rows:
+            self.seen.add(work_id)
+            return c.get_work(tx, work_id)  # NotFound for a missing one, as before
+        self.seen.add(work_id)
+        return self.rows[work_id]
+
+
 def recovery_backoff(attempts: int, base: float, cap: float = 300.0) -> float:
     """No delay for the first recovery; growing delays for a work item that keeps killing workers."""
     return 0.0 if attempts <= 1 else float(min(cap, base * 2 ** (attempts - 2)))
@@ -177,10 +196,12 @@ class Coordinator:
         by_worker: dict[str, list[Row]] = {}
         for a in died:
             by_worker.setdefault(str(a["worker_id"]), []).append(a)
+        flying = rs.turns_with_tool_in_flight(tx, [a["turn_id"] for a in died])
+        works = _Prefetched(rs.works_by_id(tx, [a["work_id"] for a in died]))
         for worker_id, attempts in by_worker.items():
-            in_flight = [a for a in attempts if rs.tool_in_flight(tx, a["turn_id"])]
+            in_flight = [a for a in attempts if a["turn_id"] in flying]
             for a in in_flight or attempts:
-                work = c.get_work(tx, a["work_id"])
+                work = works.work(tx, a["work_id"])
                 deaths = int(work["recovery_attempts"]) + 1
                 delay = recovery_backoff(deaths, self.config.recovery_backoff_s)
                 rs.charge_death(tx, work, a["attempt_id"], worker_id, deaths, delay, now)
@@ -210,21 +231,27 @@ class Coordinator:
         ones in a second: two commits per chunk, not two per attempt. Each attempt keeps its own claim
         row (``recover:<attempt_id>``, one owner) and its own decision, so a crash between the two
         transactions, or a second pass over the same attempts, decides each of them exactly once."""
-        claimed = await self.db.run(lambda tx: [a for a in attempts if self._claim(tx, _claim_key(a), a)])
+        claimed = await self.db.run(lambda tx: self._claim_chunk(tx, attempts))
         if not claimed:
             return {}
         crash_point("recovery.after_claim")
-        modes = await self.db.run(lambda tx: {a["work_id"]: self._repair(tx, _claim_key(a), a) for a in claimed})
+        modes = await self.db.run(lambda tx: self._repair_chunk(tx, claimed))
         crash_point("recovery.after_decision")
         return modes
 
-    def _claim(self, tx: Tx, key: str, attempt: Row) -> bool:
+    def _claim_chunk(self, tx: Tx, attempts: list[Row]) -> list[Row]:
+        """``_claim`` of each attempt, its reads and its new claims a few statements for the whole chunk."""
+        claims = rs.claims_by_key(tx, [_claim_key(a) for a in attempts])
+        works = _Prefetched(rs.works_by_id(tx, [a["work_id"] for a in attempts if _claim_key(a) not in claims]))
+        return [a for a in attempts if self._claim(tx, _claim_key(a), a, claims.get(_claim_key(a)), works)]
+
+    def _claim(self, tx: Tx, key: str, attempt: Row, row: Row | None, works: _Prefetched) -> bool:
         """One recovery owner per work item; a dead claimant's claim is taken over, a live one's is not
-        (the attempts here are of this host's work only, so another host's claim is one it lost)."""
+        (the attempts here are of this host's work only, so another host's claim is one it lost). ``row``:
+        the attempt's claim as the chunk read it."""
         now = time.time()
-        row = rs.recovery_claim(tx, key)
         if row is None:
-            work = c.get_work(tx, attempt["work_id"])
+            work = works.work(tx, attempt["work_id"])
             rs.claim_recovery(tx, key, work, self.claimant, now)
             if work["desired_state"] == DesiredState.RUN:  # paused or stopped work keeps its phase and reason
                 c.set_phase(tx, work, Phase.RECOVERING, ReasonCode.RECOVERED, "Recovering after an interruption.")
@@ -241,18 +268,37 @@ class Coordinator:
             rs.take_over_claim(tx, key, self.claimant, now)
         return True
 
-    def _repair(self, tx: Tx, key: str, attempt: Row) -> RecoveryMode:
+    def _repair_chunk(self, tx: Tx, claimed: list[Row]) -> dict[str, RecoveryMode]:
+        """``_repair`` of each claimed attempt, the work items, turns and open calls read for the whole chunk."""
+        works = _Prefetched(rs.works_by_id(tx, [a["work_id"] for a in claimed]))
+        turns = rs.turns_by_id(tx, [a["turn_id"] for a in claimed])
+        effects = rs.open_effects_by_turn(tx, [t for t, turn in turns.items() if turn["state"] == TurnState.RUNNING])
+        modes: dict[str, RecoveryMode] = {}
+        for a in claimed:
+            if works.first(a["work_id"]):
+                modes[a["work_id"]] = self._repair(tx, _claim_key(a), a, works.work(tx, a["work_id"]),
+                                                   turns.get(a["turn_id"]), effects.get(a["turn_id"]))
+            else:  # an earlier attempt of the same work item was repaired in this transaction: read afresh
+                modes[a["work_id"]] = self._repair(tx, _claim_key(a), a)
+        return modes
+
+    def _repair(self, tx: Tx, key: str, attempt: Row, work: Row | None = None, turn: Row | None = None,
+                open_effects: list[Row] | None = None) -> RecoveryMode:
         """Merge real results, mark unknown outcomes with stable placeholders, record the interruption,
         and choose exactly one mode: resume from the safe checkpoint, or end the turn and start anew.
         A call dispatched on another host (its attempt's worker ran there) is never judged from this
-        host's state dir: its outcome is unknown here."""
-        work = c.get_work(tx, attempt["work_id"])
-        turn = rs.get_turn(tx, attempt["turn_id"])
+        host's state dir: its outcome is unknown here. ``work``, ``turn``, ``open_effects``: read for the
+        chunk (``_repair_chunk``), else here."""
+        if work is None:
+            work = c.get_work(tx, attempt["work_id"])
+            turn = rs.get_turn(tx, attempt["turn_id"])
         mode = RecoveryMode.NONE
         if turn is not None and turn["state"] == TurnState.RUNNING:
             here = attempt.get("w_host") in (None, self.me.host_name)
             unknown: list[Row] = []
-            for eff in c.open_effects_of_turn(tx, turn["turn_id"]):
+            if open_effects is None:
+                open_effects = c.open_effects_of_turn(tx, turn["turn_id"])
+            for eff in open_effects:
                 if eff["state"] != EffectState.DISPATCHED:
                     continue
                 if not here:

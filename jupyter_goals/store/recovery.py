@@ -148,6 +148,55 @@ def apply_recovery_decisions(tx: Tx, work_id: str, now: float) -> None:
     )
 
 
+# --------------------------------------------------------------------------- a chunk of attempts, together
+
+IN_LIST = 500  # ids per statement of the reads below (an IN-list)
+
+
+def _by_ids(tx: Tx, sql: str, ids: list[str]) -> list[Row]:
+    """``sql`` (with ``{marks}`` for an IN-list) run for the distinct non-null ``ids``, ``IN_LIST`` at a time."""
+    distinct = [i for i in dict.fromkeys(ids) if i is not None]
+    rows: list[Row] = []
+    for i in range(0, len(distinct), IN_LIST):
+        chunk = distinct[i:i + IN_LIST]
+        rows += tx.all(sql.format(marks=", ".join("?" for _ in chunk)), chunk)
+    return rows
+
+
+def works_by_id(tx: Tx, work_ids: list[str]) -> dict[str, Row]:
+    """``c.get_work`` of each of ``work_ids`` that exists, in one statement per ``IN_LIST`` ids."""
+    return {str(w["work_id"]): w for w in _by_ids(tx, "SELECT * FROM work_items WHERE work_id IN ({marks})", work_ids)}
+
+
+def claims_by_key(tx: Tx, keys: list[str]) -> dict[str, Row]:
+    """``recovery_claim`` of each of ``keys`` that has one."""
+    return {str(r["decision_key"]): r for r in _by_ids(
+        tx, "SELECT * FROM recovery_decisions WHERE decision_key IN ({marks})", keys)}
+
+
+def turns_by_id(tx: Tx, turn_ids: list[str]) -> dict[str, Row]:
+    """``get_turn`` of each of ``turn_ids`` that exists."""
+    return {str(t["turn_id"]): t for t in _by_ids(tx, "SELECT * FROM turns WHERE turn_id IN ({marks})", turn_ids)}
+
+
+def open_effects_by_turn(tx: Tx, turn_ids: list[str]) -> dict[str, list[Row]]:
+    """``c.open_effects_of_turn`` (without ``tidy``) of each of ``turn_ids``: its ``planned`` and
+    ``dispatched`` calls in order, arguments and process parsed."""
+    out: dict[str, list[Row]] = {t: [] for t in turn_ids}
+    for e in _by_ids(tx, "SELECT * FROM effects WHERE turn_id IN ({marks}) AND listed = 1"
+                         " AND state IN ('planned', 'dispatched') ORDER BY seq", turn_ids):
+        e["arguments"] = json.loads(e["arguments"])
+        e["process"] = json.loads(e["process"]) if e["process"] else None
+        out.setdefault(str(e["turn_id"]), []).append(e)
+    return out
+
+
+def turns_with_tool_in_flight(tx: Tx, turn_ids: list[str]) -> set[str]:
+    """The ones of ``turn_ids`` with a tool call ``dispatched`` (``tool_in_flight`` of each)."""
+    return {str(r["turn_id"]) for r in _by_ids(
+        tx, "SELECT DISTINCT turn_id FROM effects WHERE turn_id IN ({marks}) AND state = 'dispatched'", turn_ids)}
+
+
 # --------------------------------------------------------------------------- facts for decide()
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from jupyter_goals.models import RecoveryOutcome, reason_text, recovery_outcome
 from jupyter_goals.store import control as c
-from jupyter_goals.store.db import Row, Tx
+from jupyter_goals.store.db import NotFound, Row, Tx
 
 LAST_PASS = "recovery.last_pass"
 
@@ -31,28 +31,38 @@ def unfinished_work(tx: Tx, host: str | None = None) -> list[str]:
         () if host is None else (host,))]
 
 
+IN_LIST = 500  # work ids per statement of ``record_pass`` (an IN-list, or the rows of one INSERT)
+
+
 def record_pass(tx: Tx, pass_id: str, work_ids: list[str], *, host: str, boot: str,
                 since: float = 0.0) -> dict[str, int]:
     """Write what the pass decided for each of ``work_ids`` (their state right after it; how an interrupted
     turn goes on, the recovery mode decided since ``since``; the calls whose outcome is unknown), in one
-    transaction with the pass header and a ``recovery.summary`` event. Returns the counts."""
+    transaction with the pass header and a ``recovery.summary`` event. Returns the counts. Reads and writes
+    ``IN_LIST`` items per statement (issue 33: a pass over 1,000 items), the same rows as one item at a time."""
     now = time.time()
     counts = {o.value: 0 for o in RecoveryOutcome}
-    for work_id in work_ids:
-        work = c.get_work(tx, work_id)
-        outcome = recovery_outcome(work["desired_state"], work["phase"])
-        counts[outcome.value] += 1
-        detail = {"outcome": outcome.value, "reason": work["reason"] or reason_text(work["reason_code"]),
-                  "kind": work["kind"], "session_id": work["session_id"], "desired_state": work["desired_state"],
-                  "mode": _decided_mode(tx, work_id, since),
-                  "unknown": tx.all("SELECT call_id, tool FROM effects WHERE work_id = ? AND state = 'unknown'"
-                                    " ORDER BY seq", (work_id,))}
+    for i in range(0, len(work_ids), IN_LIST):
+        chunk = work_ids[i:i + IN_LIST]
+        works, modes, unknown = _pass_facts(tx, chunk, since)
+        rows: list[tuple[Any, ...]] = []
+        for work_id in chunk:
+            work = works.get(work_id)
+            if work is None:
+                raise NotFound(f"work item {work_id} not found")
+            outcome = recovery_outcome(work["desired_state"], work["phase"])
+            counts[outcome.value] += 1
+            detail = {"outcome": outcome.value, "reason": work["reason"] or reason_text(work["reason_code"]),
+                      "kind": work["kind"], "session_id": work["session_id"], "desired_state": work["desired_state"],
+                      "mode": modes.get(work_id), "unknown": unknown.get(work_id, [])}
+            rows.append((f"pass:{pass_id}:{work_id}", work_id, pass_id, work["phase"], work["reason_code"],
+                         c.dumps(detail), work["control_version"], now, now))
         tx.execute(
             "INSERT INTO recovery_decisions (decision_key, work_id, claimed_by, state, mode, phase, reason_code, detail,"
-            " control_version, created_at, updated_at) VALUES (?, ?, ?, 'reported', NULL, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (decision_key) DO NOTHING",
-            (f"pass:{pass_id}:{work_id}", work_id, pass_id, work["phase"], work["reason_code"], c.dumps(detail),
-             work["control_version"], now, now),
+            " control_version, created_at, updated_at) VALUES "
+            + ", ".join("(?, ?, ?, 'reported', NULL, ?, ?, ?, ?, ?, ?)" for _ in rows)
+            + " ON CONFLICT (decision_key) DO NOTHING",
+            [v for row in rows for v in row],
         )
     header = c.dumps({"pass_id": pass_id, "at": now, "host_name": host, "boot_id": boot})
     c.set_flag(tx, LAST_PASS, header)
@@ -61,13 +71,23 @@ def record_pass(tx: Tx, pass_id: str, work_ids: list[str], *, host: str, boot: s
     return counts
 
 
-def _decided_mode(tx: Tx, work_id: str, since: float) -> str | None:
-    """The recovery mode decided for the work item's interrupted turn in this pass (``resume_checkpoint`` or
-    ``new_turn``; None when no turn of it was running)."""
-    row = tx.one(
-        "SELECT mode FROM recovery_decisions WHERE work_id = ? AND decision_key LIKE ? AND updated_at >= ?"
-        " AND mode IN ('resume_checkpoint', 'new_turn') ORDER BY updated_at DESC LIMIT 1", (work_id, "recover:%", since))
-    return str(row["mode"]) if row else None
+def _pass_facts(tx: Tx, work_ids: list[str], since: float) -> tuple[dict[str, Row], dict[str, str], dict[str, list[Row]]]:
+    """For ``work_ids`` (at most ``IN_LIST``), in three statements: each work item; the recovery mode decided
+    for its interrupted turn since ``since`` (``resume_checkpoint`` or ``new_turn``, the newest; absent when
+    no turn of it was running); its calls whose outcome is unknown (``call_id``, ``tool``; oldest first)."""
+    ids = list(dict.fromkeys(work_ids))
+    marks = ", ".join("?" for _ in ids)
+    works = {str(w["work_id"]): w for w in tx.all(f"SELECT * FROM work_items WHERE work_id IN ({marks})", ids)}
+    modes: dict[str, str] = {}
+    for r in tx.all(f"SELECT work_id, mode FROM recovery_decisions WHERE work_id IN ({marks}) AND decision_key LIKE ?"
+                    " AND updated_at >= ? AND mode IN ('resume_checkpoint', 'new_turn') ORDER BY updated_at",
+                    (*ids, "recover:%", since)):
+        modes[str(r["work_id"])] = str(r["mode"])  # the newest wins
+    unknown: dict[str, list[Row]] = {}
+    for e in tx.all(f"SELECT work_id, call_id, tool FROM effects WHERE work_id IN ({marks}) AND state = 'unknown'"
+                    " ORDER BY seq", ids):
+        unknown.setdefault(str(e["work_id"]), []).append({"call_id": e["call_id"], "tool": e["tool"]})
+    return works, modes, unknown
 
 
 def last_pass(tx: Tx, host: str | None = None) -> tuple[dict[str, Any] | None, list[Row]]:
