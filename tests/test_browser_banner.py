@@ -188,3 +188,53 @@ def test_the_goal_box_shows_known_and_reserved_spend_of_the_budget(browser: Brow
             lab.screenshot(tmp_path / "budget.png")
         finally:
             lab.close()
+
+
+def test_the_banner_offers_approve_for_a_waiting_call_and_resume_for_paused_work(
+        browser: Browser, tmp_path: Path) -> None:
+    """Two chats when the server is killed -9: an ask chat whose write waits for approval, and a chat paused
+    while its command ran. After the restart (the page not reloaded) each chat's banner offers the action
+    that fits: "Approve…" moves focus to the waiting call's Approve button (approved, the write runs once),
+    "Resume" resumes the paused work (its intent is `run` again and it finishes)."""
+    model = write_script(tmp_path / "ask.json", [{"when": {"last_tool_result_contains": ""}, "respond": {"text": "written"}}],
+                         default={"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}]})
+    with run_jupyter_lab(tmp_path) as server:
+        goals_ready(server)
+        asking = api(server, "POST", "sessions", {"title": "asking chat", "model": model,
+                                                  "permissions": {"mode": "ask"}})["session_id"]
+        paused = api(server, "POST", "sessions", {"title": "paused chat", "permissions": {"mode": "bypass"}})["session_id"]
+        lab = LabPage.open(browser, server)
+        try:
+            ask_view = open_session_view(lab, asking)
+            send(ask_view, "write it")
+            ask_view.get_by_role("button", name="Approve", exact=True).wait_for(timeout=30_000)
+            slow_view = open_session_view(lab, paused)
+            send(slow_view, "slow")
+            wait_until(lambda: bool(effect_events(server, paused, "dispatched")), "the command to start", 30)
+            version = api(server, "GET", f"sessions/{paused}")["work"]["control_version"]
+            api(server, "POST", f"sessions/{paused}/actions", {"action": "pause", "expected_control_version": version})
+
+            server.kill()
+            server.restart()
+            banner = slow_view.get_by_role("region", name="After the restart")
+            banner.wait_for(timeout=60_000)
+            wait_until(lambda: banner.get_by_role("button", name="Resume").count() == 1, "Resume offered", 60)
+            click_past_connection_errors(lab, banner.get_by_role("button", name="Resume"))
+            wait_until(lambda: api(server, "GET", f"sessions/{paused}")["work"]["desired_state"] == "run",
+                       "the work resumed", 20)
+            item(slow_view, "assistant", "").last.wait_for(timeout=60_000)
+            wait_until(lambda: api(server, "GET", f"sessions/{paused}")["work"]["phase"] == "done", "it finished", 60)
+
+            lab.page.evaluate("([sid]) => window.jupyterapp.commands.execute('jupyter-goals:open-session', "
+                              "{session_id: sid})", [asking])
+            ask_banner = ask_view.get_by_role("region", name="After the restart")
+            ask_banner.wait_for(timeout=30_000)
+            click_past_connection_errors(lab, ask_banner.get_by_role("button", name="Approve…"))
+            focused = "() => document.activeElement && document.activeElement.textContent"
+            wait_until(lambda: lab.page.evaluate(focused) == "Approve", "focus on the waiting call's Approve", 5)
+            lab.page.keyboard.press("Enter")
+            item(ask_view, "assistant", "written").wait_for(timeout=60_000)
+            assert (server.root_dir / "a.txt").read_text() == "x"
+            assert len(effect_events(server, asking, "dispatched")) == 1
+        finally:
+            lab.close()

@@ -245,8 +245,9 @@ def test_goal_mime_output_in_a_notebook_is_live_from_rest(browser: Browser, tmp_
             output.locator('[data-testid="goals-goal-state"]').filter(has_text="active").wait_for(timeout=20_000)
             assert api(server, "GET", f"goals/{gid}")["state"] == "active"
 
-            # a read failure says so, with Refresh, and keeps the last view; Refresh recovers
-            lab.page.route(f"**/api/goals/goals/{gid}?*", lambda route: route.fulfill(
+            # a read failure says so, with Refresh, and keeps the last view; Refresh recovers (the card
+            # shows its session's current Goal from the page's store: the failing read is the session's)
+            lab.page.route(f"**/api/goals/sessions/{sid}?*", lambda route: route.fulfill(
                 status=503, content_type="application/json",
                 body=json.dumps({"error": "storage_unavailable", "message": "control.db is locked"})))
             api(server, "POST", f"goals/{gid}/actions", {"action": "pause", "expected_revision": 1})
@@ -254,7 +255,7 @@ def test_goal_mime_output_in_a_notebook_is_live_from_rest(browser: Browser, tmp_
             error.filter(has_text="State temporarily unavailable").wait_for(timeout=20_000)
             assert "control.db is locked" in output.locator('[data-testid="goals-output-error-detail"]').inner_text()
             assert output.locator('[data-testid="goals-goal-objective"]').is_visible()  # last good view kept
-            lab.page.unroute(f"**/api/goals/goals/{gid}?*")
+            lab.page.unroute(f"**/api/goals/sessions/{sid}?*")
             output.locator('[data-testid="goals-output-error-refresh"]').click()
             output.locator('[data-testid="goals-goal-state"]').filter(has_text="paused").wait_for(timeout=20_000)
             assert error.count() == 0

@@ -16,7 +16,7 @@ import {
   requestGoalsAPI
 } from './api';
 import { debounce, sharedEventFeed } from './events';
-import { goalsStore } from './store';
+import { goalsStore, SessionEntry } from './store';
 import { editGoal, EditOutcome } from './edit';
 import { reconciliationLabel, settleButtons } from './settle';
 import {
@@ -38,9 +38,10 @@ export const HISTORY_MIME = 'application/vnd.jupyter-goals.history+json';
 export const CHAT_MIME = 'application/vnd.jupyter-goals.chat+json';
 
 /**
- * A notebook output that carries only ids and reads everything else from REST, re-reading it on
- * the events that concern it. Nothing lives in the kernel, so the output stays live after a
- * kernel restart, a server restart, and when the notebook is reopened with no kernel at all.
+ * A notebook output that carries only ids and reads everything else from REST: the chat and Goal
+ * cards from the session's entry of the page's store, the others on the events that concern them.
+ * Nothing lives in the kernel, so the output stays live after a kernel restart, a server restart, and
+ * when the notebook is reopened with no kernel at all.
  */
 abstract class LiveOutput extends Widget implements IRenderMime.IRenderer {
   constructor(options: IRenderMime.IRendererOptions) {
@@ -80,20 +81,23 @@ abstract class LiveOutput extends Widget implements IRenderMime.IRenderer {
     try {
       content = await this.load();
     } catch (error) {
-      if (token !== this._token) {
-        return;
+      if (token === this._token) {
+        this.showFailure(error);
       }
-      const detail = error instanceof Error ? error.message : String(error);
-      // keep the last good view below, marked stale
-      this._content.querySelector('[data-testid="goals-output-error"]')?.remove();
-      this._content.classList.add('jp-goals-mod-stale');
-      this._content.prepend(unavailableNode(detail, () => void this.refresh(), 'goals-output-error'));
       return;
     }
     if (token === this._token) {
       this._content.classList.remove('jp-goals-mod-stale');
       this._content.replaceChildren(content);
     }
+  }
+
+  /** "State temporarily unavailable" with Refresh above the last good view, marked stale. */
+  protected showFailure(error: unknown): void {
+    const detail = error instanceof Error ? error.message : String(error);
+    this._content.querySelector('[data-testid="goals-output-error"]')?.remove();
+    this._content.classList.add('jp-goals-mod-stale');
+    this._content.prepend(unavailableNode(detail, () => void this.refresh(), 'goals-output-error'));
   }
 
   dispose(): void {
@@ -138,12 +142,47 @@ abstract class LiveOutput extends Widget implements IRenderMime.IRenderer {
 class GoalOutput extends LiveOutput {
   protected readonly kind = 'goal';
 
+  /**
+   * While its Goal is the session's current one it is shown from the session's entry of the page's
+   * store (the snapshot's Goal, with its usage: the read the session's other views share); once it is
+   * not (it ended, another Goal came), an event naming it reads `GET /goals/{id}`.
+   */
+  protected follow(): () => void {
+    const sessionId = this.ids.session_id;
+    if (!sessionId) {
+      return super.follow();
+    }
+    const entry = goalsStore().session(sessionId);
+    this._entry = entry;
+    return entry.subscribe((_entry, change) => {
+      const current = entry.snapshot?.goal ?? null;
+      const mine = current !== null && current.goal_id === this.ids.goal_id;
+      if (change.resync) {
+        this._shown = null; // the server came back: read it
+        void this.refresh();
+      } else if (change.changed && entry.error !== null) {
+        this.showFailure(entry.error); // the session's read failed: its Refresh reads again
+      } else if (change.changed && mine) {
+        this._shown = current;
+        void this.refresh();
+      } else if (!mine && change.events.some(e => payloadOf(e).goal_id === this.ids.goal_id)) {
+        this._shown = null; // not the session's current Goal (any more): read it
+        void this.refresh();
+      }
+    });
+  }
+
   protected async load(): Promise<HTMLElement> {
-    const goal = await requestGoalsAPI<IGoal>(
-      urls.goal(this.ids.goal_id ?? ''),
-      this.settings
-    );
-    this._sessionId = goal.session_id;
+    const entry = this._entry;
+    if (entry !== null && entry.error !== null) {
+      await entry.refresh(); // after a failed read of the session (Refresh): read it again
+      if (entry.error !== null) {
+        throw entry.error;
+      }
+      const current = entry.snapshot?.goal ?? null;
+      this._shown = current !== null && current.goal_id === this.ids.goal_id ? current : null;
+    }
+    const goal = this._shown ?? (await requestGoalsAPI(urls.goal(this.ids.goal_id ?? ''), this.settings));
     return goalView(goal, {
       onAction: action =>
         this.act(urls.goalActions(goal.goal_id), {
@@ -155,15 +194,12 @@ class GoalOutput extends LiveOutput {
   }
 
   protected concerns(event: IGoalsEvent): boolean {
-    const sessionId = this._sessionId ?? this.ids.session_id;
-    // its Goal's own events, and what changes its usage line and phase (the session's receipts, phases)
-    return (
-      payloadOf(event).goal_id === this.ids.goal_id ||
-      (!!sessionId && event.session_id === sessionId && /^(goal\.|todo\.|usage\.updated|work\.phase)/.test(event.kind))
-    );
+    return payloadOf(event).goal_id === this.ids.goal_id; // only without a session id (see `follow`)
   }
 
-  private _sessionId: string | null = null;
+  /** The Goal as the store holds it (its session's current Goal), else null: read it. */
+  private _shown: IGoal | null = null;
+  private _entry: SessionEntry | null = null;
 }
 
 class ApprovalOutput extends LiveOutput {
