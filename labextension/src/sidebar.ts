@@ -288,7 +288,6 @@ export class GoalsSidebar extends Widget {
     return read;
   }
 
-
   /** The loaded pages, read again from the first (a page at most `SESSIONS_PAGE` long). */
   private async _loadSessions(): Promise<{ sessions: ISessionSummary[]; more: string | number | null }> {
     const all: ISessionSummary[] = [];
