@@ -118,10 +118,17 @@ async def in_process(server: ServerProcess, client: Recorder, agent: GoalsAgent 
     try:
         yield conn
     finally:
-        await conn.close()
+        # the agent first, so it sends nothing more; then the client's receive loop reads to the end of the
+        # socket before the client closes: the SDK's close shuts its message queue before it cancels that
+        # loop, and a notification read in between raised "message queue already closed" (SDK 0.11, in CI)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await agent.close()
+        agent_writer.close()
+        receiving = getattr(getattr(conn, "_conn", None), "_recv_task", None)
+        if receiving is not None:
+            await asyncio.wait({receiving}, timeout=10)
+        await conn.close()
 
 
 @asynccontextmanager
