@@ -115,12 +115,17 @@ async def test_model_picker_marks_missing_credentials_and_a_stale_change_shows_t
         stale = await screen.link.get(f"/sessions/{sid}", {"before": "latest", "limit": 1})
         await asyncio.to_thread(client.set_permissions, sid, {"mode": "ask", "allow": ["grep"]})  # someone else
         await until(pilot, lambda: "every grep call" in shown(app), "the screen following that change")
-        screen.show(stale)  # as drawn when the key is pressed before that change reached the screen
+        # as drawn when the key is pressed before that change reached the screen: stop following first, and let
+        # the reads already started by its events land, so that none lands after the stale drawing
+        screen.link.listeners.remove(screen._event)
+        await screen.workers.wait_for_complete()
+        screen.show(stale)
         assert "every grep call" not in shown(app)
         await pilot.press("m")
         await until(pilot, lambda: "Conflict (409)" in shown(app), "the conflict in words")
         assert "Nothing changed by you. Now: mode ask, 1 allow rule(s)" in shown(app) and "every grep call" in shown(app)
         assert client.session(sid)["session"]["permissions"]["mode"] == "ask"
+        screen.link.listeners.append(screen._event)  # following again, as the screen does
         await pilot.press("c")
         await until(pilot, lambda: isinstance(app.screen, ModelScreen) and "nokey" in shown(app), "the models")
         text = shown(app)

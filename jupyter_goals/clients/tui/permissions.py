@@ -108,7 +108,11 @@ class PermissionsScreen(Following):
             body["expected_control_version"] = self.work.get("control_version")
         snap, said = await patch_session(self, self.link, self.session_id, body, done)
         if snap is None:  # show what is true now: someone else's change, or what was there
-            await self.reread()
+            try:  # read here, not through reread(): a reread under way would return at once, before its answer
+                await self.read()
+            except Exception as exc:
+                self.note(f"{said}\nNot read again: {exc}")
+                return
             mode = self.permissions.get("mode", "ask")
             self.note(f"{said}\nNothing changed by you. Now: mode {mode}, {len(self.rules)} allow rule(s).")
             return
