@@ -190,9 +190,9 @@ def test_two_kilobytes_unwritten_are_written_at_once_whatever_the_interval(tmp_p
 class SlowDatabase(Database):
     """Every transaction takes 0.3 s longer (a busy disk or a far PostgreSQL)."""
 
-    async def run(self, fn: Callable[[Tx], T], *, write: bool = True) -> T:
+    async def run(self, fn: Callable[[Tx], T], *, write: bool = True, durable: bool = True) -> T:
         await asyncio.sleep(0.3)
-        return await super().run(fn, write=write)
+        return await super().run(fn, write=write, durable=durable)
 
 
 def test_a_slow_write_never_slows_the_stream_and_close_waits_for_it(tmp_path: Path) -> None:

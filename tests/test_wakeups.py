@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_goals.config import GoalsConfig
-from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, Listener, Notifier
+from jupyter_goals.host.wake import ADMISSION, ATTEMPTS, Coalesced, Listener, Notifier
 from jupyter_goals.identity import host_name
 from jupyter_goals.recovery.coordinator import Coordinator
 from jupyter_goals.runtime.tools import ToolRegistry
@@ -322,3 +322,27 @@ async def test_a_worker_woken_by_another_hosts_admission_claims_at_once(backend:
         await asyncio.wait_for(run, 20)
         admission.close()
         notifier.close()
+
+
+async def test_a_burst_of_commits_wakes_the_event_streams_once_at_its_end_a_lone_commit_at_once(tmp_path: Path) -> None:
+    listener = Listener(tmp_path, "events", "server-1")
+    listener.start()
+    notifier = Notifier(tmp_path)
+    sent: list[float] = []
+
+    def notify() -> None:
+        sent.append(time.monotonic())
+        notifier.notify("events")
+
+    wake = Coalesced(notify, gap_s=0.05)
+    wake()  # a lone commit: at once
+    assert len(sent) == 1 and await listener.wait(10) is True
+    t0 = time.monotonic()
+    for _ in range(100):  # a burst within the gap: one wake-up, at its end
+        wake()
+    assert len(sent) == 1
+    assert await listener.wait(10) is True
+    assert len(sent) == 2 and sent[1] - sent[0] >= 0.05 - 0.001 and sent[1] - t0 < 5
+    assert await listener.wait(0) is False
+    listener.close()
+    notifier.close()

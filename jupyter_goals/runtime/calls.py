@@ -304,7 +304,7 @@ class ToolCalls:
 
     async def _commit_result(self, eff: Row, content: str, state: EffectState) -> None:
         """Commits the result with credentials replaced by ``[redacted: NAME]``; the result item's
-        ``meta.redacted`` names what was hidden."""
+        ``meta.redacted`` names what was hidden. One fsync per tool call: this commit rides on the next."""
         crash_point("tool.before_result_commit")
         clean = self.redactor.redact(content)
         meta = {"redacted": list(clean.names)} if clean.names else None
@@ -316,6 +316,10 @@ class ToolCalls:
                           item_id=f"result:{eff['call_id']}", work_id=eff["work_id"], turn_id=eff["turn_id"],
                           call_id=eff["call_id"], tool=eff["tool"], state=str(state), meta=meta)
 
-        await self.db.run(commit)
+        # not waited onto the disk: the loop's next step commits durably before anything leaves this process
+        # (the next model request's record, the next call's ``dispatched``, the turn's end; the worker's
+        # heartbeat meanwhile), and that commit carries this one with it. A kill -9 loses nothing; a power
+        # loss in between leaves the call ``dispatched`` without its result: unknown, never run twice.
+        await self.db.run(commit, durable=False)
         crash_point("tool.after_result_commit")
 

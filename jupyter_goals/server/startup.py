@@ -93,9 +93,9 @@ class WatchedDatabase(WakingDatabase):
         self.corruption: str | None = None
 
     def transact(self, fn: Callable[[Tx], T], *, write: bool = True, probe: bool = False,
-                 lock_wait_ms: int | None = None) -> T:
+                 lock_wait_ms: int | None = None, durable: bool = True) -> T:
         try:
-            return super().transact(fn, write=write, probe=probe, lock_wait_ms=lock_wait_ms)
+            return super().transact(fn, write=write, probe=probe, lock_wait_ms=lock_wait_ms, durable=durable)
         except StorageUnavailable as exc:
             if exc.code == STORAGE_CORRUPT or not is_corruption(str(exc)):
                 raise

@@ -8,7 +8,6 @@ back to back on one connection: one thread hop per transaction, never one per st
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import random
 import re
@@ -20,6 +19,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
+
+from jupyter_goals.store.sql import insert_sql, pg_insert_seq_sql
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -107,13 +108,6 @@ async def pg_connect_async(url: str, *, application_name: str) -> Any:
                                                  **PG_SIDE_OPTIONS)
 
 
-@functools.cache
-def _insert_sql(table: str, columns: tuple[str, ...], unique: str | None, returning: bool) -> str:
-    on_conflict = f" ON CONFLICT ({unique}) DO NOTHING" if unique else ""
-    tail = " RETURNING seq" if returning else ""
-    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}){on_conflict}{tail}"
-
-
 class Tx:
     """A transaction handle. ``?`` placeholders everywhere; the PostgreSQL dialect rewrites them."""
 
@@ -162,19 +156,16 @@ class Tx:
         max + 1 is commit order and no counter page is written (rows are never deleted, so a rowid is
         never reused). PostgreSQL: sequences are not commit-ordered, so a counter row's lock orders
         concurrent writers, the event counter's first (a transcript append emits its event next: a
-        writer holding the transcript counter while another held the event counter deadlocked)."""
+        writer holding the transcript counter while another held the event counter deadlocked), in one
+        round trip (``sql.pg_insert_seq_sql``; a ``unique`` key is looked up first)."""
         if self.dialect == "sqlite":
-            cur = self._conn.execute(_insert_sql(table, tuple(columns), unique, True), tuple(values))
+            cur = self._conn.execute(insert_sql(table, tuple(columns), unique, True), tuple(values))
             row = cur.fetchone()
             cur.fetchall()  # let the statement finish
             return None if row is None else int(row[0])
         if unique and self.one(f"SELECT seq FROM {table} WHERE {unique} = ?", (values[list(columns).index(unique)],)):
             return None
-        if counter != "event_seq":
-            self.execute("SELECT value FROM counters WHERE name = 'event_seq' FOR UPDATE")
-        seq = int(self.scalar("UPDATE counters SET value = value + 1 WHERE name = ? RETURNING value", (counter,)))
-        self.execute(_insert_sql(table, ("seq", *columns), None, False), (seq, *values))
-        return seq
+        return int(self.scalar(pg_insert_seq_sql(table, counter == "event_seq", tuple(columns)), (counter, *values)))
 
     def last_seq(self, table: str, counter: str) -> int:
         """The newest committed seq of an append-only log written by ``insert_seq``."""
@@ -300,9 +291,11 @@ class Database:
 
     # ------------------------------------------------------------------ transactions
     def transact(self, fn: Callable[[Tx], T], *, write: bool = True, probe: bool = False,
-                 lock_wait_ms: int | None = None) -> T:
+                 lock_wait_ms: int | None = None, durable: bool = True) -> T:
         """Run ``fn`` in one transaction on the calling thread (commit on return, rollback on raise).
-        ``probe``: a read transaction in which the first write raises ``WouldWrite``."""
+        ``probe``: a read transaction in which the first write raises ``WouldWrite``. ``durable=False``: the
+        commit does not wait for the disk (SQLite ``synchronous=NORMAL``, PostgreSQL ``synchronous_commit
+        off``); it is durable with the next durable commit, and a power loss before it may undo it."""
         if probe:
             write = False
         lane = self._lane(write)
@@ -323,6 +316,8 @@ class Database:
             try:
                 if self.dialect == "sqlite":
                     if write:
+                        if not durable:
+                            conn.execute("PRAGMA synchronous=NORMAL")
                         self._begin_immediate(conn, self.busy_timeout_ms if lock_wait_ms is None else lock_wait_ms)
                     else:
                         if lane is self._writer and self._wal_writer:
@@ -332,7 +327,7 @@ class Database:
                             restore = True
                         conn.execute("BEGIN")
                 else:
-                    conn.execute("BEGIN")
+                    conn.execute("BEGIN" if durable or not write else "BEGIN; SET LOCAL synchronous_commit TO off")
                 result = fn(tx)
                 conn.execute("COMMIT")
                 if self.problems:
@@ -364,9 +359,9 @@ class Database:
                     raise
                 raise failure from exc
             finally:
-                if restore and lane.conn is conn:
+                if (restore or not durable and write and self.dialect == "sqlite") and lane.conn is conn:
                     try:
-                        conn.execute("PRAGMA busy_timeout=0")
+                        conn.execute("PRAGMA busy_timeout=0" if restore else "PRAGMA synchronous=FULL")
                     except sqlite3.Error:
                         self._reset(lane)
 
@@ -435,11 +430,11 @@ class Database:
             except Exception:
                 pass
 
-    async def run(self, fn: Callable[[Tx], T], *, write: bool = True) -> T:
-        """Run ``fn`` as one transaction with at most one thread hop."""
+    async def run(self, fn: Callable[[Tx], T], *, write: bool = True, durable: bool = True) -> T:
+        """Run ``fn`` as one transaction with at most one thread hop (``durable``: see ``transact``)."""
         if self.inline:
-            return self.transact(fn, write=write)
-        return await self._on_lane(self._lane(write), lambda: self.transact(fn, write=write))
+            return self.transact(fn, write=write, durable=durable)
+        return await self._on_lane(self._lane(write), lambda: self.transact(fn, write=write, durable=durable))
 
     async def _on_lane(self, lane: _Lane, call: Callable[[], T]) -> T:
         if lane.executor is None:
