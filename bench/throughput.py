@@ -46,31 +46,64 @@ def raw_commit_rate(directory: Path, seconds: float) -> float:
     return rate
 
 
-def tool_loops(sessions: int = 16, window_s: float = 15.0) -> dict[str, Any]:
+def raw_pg_commit_rate(url: str, seconds: float) -> float:
+    """Sequential commits per second of raw psycopg on the same PostgreSQL server (one row each)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE raw_commits (id BIGSERIAL PRIMARY KEY, v TEXT)")
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO raw_commits (v) VALUES ('x')")
+            conn.execute("COMMIT")
+            n += 1
+        return n / (time.perf_counter() - t0)
+
+
+def tool_loops(sessions: int = 16, window_s: float = 15.0, *, control_url: str | None = None,
+               usage_url: str | None = None, raw_url: str | None = None) -> dict[str, Any]:
+    """``control_url`` / ``usage_url``: the server's stores on PostgreSQL; the baseline is then raw psycopg's
+    sequential commit rate on ``raw_url`` (the same server)."""
+    from bench.long_session import children, cpu_s
+    from bench.recovery import _reader
+
     with Bench("throughput") as b:
-        baseline = raw_commit_rate(b.base, min(3.0, window_s / 3))
+        seconds = min(3.0, window_s / 3)
+        baseline = raw_pg_commit_rate(raw_url, seconds) if raw_url else raw_commit_rate(b.base, seconds)
         (b.root / "small.txt").write_text("a short file\n")
         model = write_script(b.base / "loop.json", [], {"tool_calls": [{"name": "read_file", "arguments": {"path": "small.txt"}}],
                                                         "usage": {"input_tokens": 10, "output_tokens": 5}})
-        server = b.server(model, ["--GoalsApp.workers=2", f"--GoalsApp.max_concurrent_turns={sessions}"]).start()
-        db = ro(b.state)
+        extra = ["--GoalsApp.workers=2", f"--GoalsApp.max_concurrent_turns={sessions}"]
+        if control_url:
+            extra += [f"--GoalsApp.control_db_url={control_url}", f"--GoalsApp.usage_db_url={usage_url}"]
+        server = b.server(model, extra).start()
+        q = _reader(b.state, control_url)
+
+        def count(sql: str) -> int:
+            return int(q(sql)[0][0])
+
         with api(server) as http:
             for i in range(sessions):
                 sid = http.post("sessions", json={"title": f"loop {i}", "permissions": {"mode": "bypass"}}).json()["session"]["session_id"]
                 http.post(f"sessions/{sid}/messages", json={"text": "read small.txt forever", "client_request_id": "go"}).raise_for_status()
             committed = "SELECT COUNT(*) FROM effects WHERE state = 'committed'"
             running = "SELECT COUNT(DISTINCT session_id) FROM effects WHERE state = 'committed'"
-            wait_until(lambda: scalar(db, running) >= sessions, 120, "every session making tool calls", every=0.1)
-            n0, t0 = scalar(db, committed), time.monotonic()
+            wait_until(lambda: count(running) >= sessions, 120, "every session making tool calls", every=0.1)
+            assert server.proc is not None
+            pids = [server.proc.pid, *children(server.proc.pid)]  # the server and its workers
+            n0, t0, cpu0 = count(committed), time.monotonic(), sum(cpu_s(p) for p in pids)
             time.sleep(window_s)  # the measurement window itself (a rate over time), not a wait for an event
-            n1, t1 = scalar(db, committed), time.monotonic()
-            per_session = [r[0] for r in db.execute("SELECT COUNT(*) FROM effects WHERE state = 'committed' GROUP BY session_id")]
+            n1, t1, cpu1 = count(committed), time.monotonic(), sum(cpu_s(p) for p in pids)
+            per_session = [int(r[0]) for r in q("SELECT COUNT(*) FROM effects WHERE state = 'committed' GROUP BY session_id")]
             http.post("actions", json={"action": "stop_all"})
-        db.close()
     rate = (n1 - n0) / (t1 - t0)
-    return {"sessions": sessions, "window_s": round(t1 - t0, 1), "steps": n1 - n0, "steps_per_s": round(rate, 1),
-            "raw_sqlite_commits_per_s": round(baseline, 1), "ratio": round(rate / baseline, 3),
-            "fewest_most_calls_per_session": [min(per_session), max(per_session)]}
+    return {"sessions": sessions, "store": "postgresql" if control_url else "sqlite", "window_s": round(t1 - t0, 1),
+            "steps": n1 - n0, "steps_per_s": round(rate, 1), "raw_sqlite_commits_per_s": round(baseline, 1),
+            "ratio": round(rate / baseline, 3), "fewest_most_calls_per_session": [min(per_session), max(per_session)],
+            # CPU of the server and its workers per tool call (each: a model step, two commits, the events):
+            # with 2 cores, 2000 / this is the most tool calls per second the machine can run
+            "cpu_ms_per_tool_call": round(1000 * (cpu1 - cpu0) / max(1, n1 - n0), 2)}
 
 
 def approvals(sessions: int = 1000, *, quota: int = 16, posters: int = 8) -> dict[str, Any]:
