@@ -168,9 +168,9 @@ def run(items: int = 20000, *, early: int = 1000, late: int | None = None, extra
         return 1000 * (window[-1][0] - window[0][0]) / (window[-1][1] - window[0][1])
 
     early_rate = rate_around(early, early // 2)
-    late_rate = rate_around(late, max(1, late // 10))
+    late_rate = rate_around(late, max(1, late // 5))
     cpu_early = cpu_ms_per_item(early, early // 2)
-    cpu_late = cpu_ms_per_item(late, max(1, late // 10))
+    cpu_late = cpu_ms_per_item(late, max(1, late // 5))
     newest = []
     for _ in range(6):
         t0 = time.perf_counter()

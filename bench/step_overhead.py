@@ -67,7 +67,9 @@ def summarize(rounds: list[list[float]]) -> dict[str, Any]:
 
 
 class RawSqlite:
-    def __init__(self, path: Path) -> None:
+    """``defer_result=False``: both commits waited onto the disk (the baseline before one fsync per call)."""
+
+    def __init__(self, path: Path, defer_result: bool = True) -> None:
         self.conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=FULL")
@@ -77,6 +79,7 @@ class RawSqlite:
         )
         self.next_id = 0
         self.durable_sync = "FULL"
+        self.result_sync = "NORMAL" if defer_result else "FULL"
 
     def prepare(self, count: int) -> list[int]:
         ids = list(range(self.next_id, self.next_id + count))
@@ -92,7 +95,7 @@ class RawSqlite:
         conn.execute("UPDATE calls SET state = 'dispatched' WHERE id = ?", (call_id,))
         conn.execute("COMMIT")
         result = ""  # the no-op tool
-        conn.execute("PRAGMA synchronous=NORMAL")  # the result rides on the next durable commit, as in the product
+        conn.execute(f"PRAGMA synchronous={self.result_sync}")  # NORMAL: it rides on the next durable commit
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("UPDATE calls SET state = 'committed', result = ? WHERE id = ?", (result, call_id))
         conn.execute("INSERT INTO transcript (call_id, content) VALUES (?, ?)", (call_id, result))
@@ -304,8 +307,8 @@ def breakdown(root: Path, n: int) -> dict[str, Any]:
     sizes: list[int] = []
     orig = goals.db.transact
 
-    def transact(fn: Any, *, write: bool = True) -> Any:
-        r = orig(fn, write=write)
+    def transact(fn: Any, *, write: bool = True, durable: bool = True) -> Any:
+        r = orig(fn, write=write, durable=durable)
         sizes.append(wal.stat().st_size)
         return r
 
@@ -514,6 +517,7 @@ def run(n: int = 2000, *, warmup: int = 200, rounds: int = 10, dbos: bool = True
     bd = None
     try:
         raw = RawSqlite(root / "raw.db") if raw_url is None else RawPostgres(raw_url)
+        raw_full = RawSqlite(root / "raw-full.db", defer_result=False) if raw_url is None else None
         goals = GoalsBench(root, control_url)
         dbos_run = DbosRunner(root) if dbos else None
         lg = None
@@ -526,15 +530,19 @@ def run(n: int = 2000, *, warmup: int = 200, rounds: int = 10, dbos: bool = True
         rounds = max(1, min(rounds, n))
         per = [n // rounds + (1 if i < n % rounds else 0) for i in range(rounds)]
         raw_ids = raw.prepare(warmup + n)
+        full_ids = raw_full.prepare(warmup + n) if raw_full is not None else []
         effects = goals.prepare(warmup + n)
         if warmup:
             raw.run(raw_ids[:warmup])
+            if raw_full is not None:
+                raw_full.run(full_ids[:warmup])
             asyncio.run(goals.run(effects[:warmup]))
             if dbos_run is not None:
                 dbos_run.steps(warmup, keep=False)
             if lg is not None:
                 lg.steps(min(warmup, 50), keep=False)
         raw_s: list[list[float]] = []
+        full_s: list[list[float]] = []
         goals_s: list[list[float]] = []
         i = warmup
         for rnd, k in enumerate(per):
@@ -543,6 +551,8 @@ def run(n: int = 2000, *, warmup: int = 200, rounds: int = 10, dbos: bool = True
                 partial(lambda a, b: raw_s.append(raw.run(raw_ids[a:b])), i, i + k),
                 partial(lambda a, b: goals_s.append(asyncio.run(goals.run(effects[a:b]))), i, i + k),
             ]
+            if raw_full is not None:
+                jobs.append(partial(lambda a, b: full_s.append(raw_full.run(full_ids[a:b])), i, i + k))
             if dbos_run is not None:
                 jobs.append(partial(dbos_run.steps, k))
             if lg is not None:
@@ -552,6 +562,8 @@ def run(n: int = 2000, *, warmup: int = 200, rounds: int = 10, dbos: bool = True
             i += k
         goals.check(effects)
         raw.close()
+        if raw_full is not None:
+            raw_full.close()
         goals.close()
         dbos_info: dict[str, Any] = ({"ok": False, "reason": "skipped (--no-dbos)"} if dbos_run is None
                                      else dbos_run.finish(min(n, 300)))
@@ -578,6 +590,8 @@ def run(n: int = 2000, *, warmup: int = 200, rounds: int = 10, dbos: bool = True
         "store": "sqlite" if control_url is None else "postgresql",
         "step_overhead_us": round(step_us, 1),
         "raw_sqlite_us": round(raw_us, 1),
+        # raw sqlite3 with both commits waited for: what the product did (and the baseline was) before 2026-12-07
+        "raw_sqlite_both_durable_us": round(summarize(full_s)["avg"], 1) if full_s else None,
         "dbos_step_us": None if dbos_us is None else round(dbos_us, 1),
         "langgraph_step_us": None if lg_us is None else round(lg_us, 1),
         "ratio_vs_raw": round(ratio_raw, 3),

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.common import Bench, api, ro, scalar, wait_health, wait_until
+from bench.common import Bench, api, wait_health, wait_until
 from jupyter_goals.testing import write_script
 
 
@@ -106,13 +106,23 @@ def tool_loops(sessions: int = 16, window_s: float = 15.0, *, control_url: str |
             "cpu_ms_per_tool_call": round(1000 * (cpu1 - cpu0) / max(1, n1 - n0), 2)}
 
 
-def approvals(sessions: int = 1000, *, quota: int = 16, posters: int = 8) -> dict[str, Any]:
+def approvals(sessions: int = 1000, *, quota: int = 16, posters: int = 8, control_url: str | None = None,
+              usage_url: str | None = None) -> dict[str, Any]:
+    """``control_url`` / ``usage_url``: the server's stores on PostgreSQL."""
+    from bench.recovery import _reader
+
     with Bench("approvals") as b:
         model = write_script(b.base / "ask.json", [], {"text": "Running it.", "tool_calls": [
             {"name": "shell", "arguments": {"command": "echo hello"}}], "usage": {"input_tokens": 10, "output_tokens": 5}})
         extra = ["--GoalsApp.workers=2", f"--GoalsApp.max_concurrent_turns={quota}"]
+        if control_url:
+            extra += [f"--GoalsApp.control_db_url={control_url}", f"--GoalsApp.usage_db_url={usage_url}"]
         server = b.server(model, extra).start()
-        db = ro(b.state)
+        q = _reader(b.state, control_url)
+
+        def one(sql: str) -> Any:
+            return q(sql)[0][0]
+
         local = threading.local()
 
         def client() -> Any:
@@ -133,11 +143,10 @@ def approvals(sessions: int = 1000, *, quota: int = 16, posters: int = 8) -> dic
             list(pool.map(send, sids))
             t_posted = time.time()
         pending = "SELECT COUNT(*) FROM approvals WHERE state = 'pending'"
-        wait_until(lambda: scalar(db, pending) >= sessions, 600, f"{sessions} pending approvals", every=0.1)
-        last = float(scalar(db, "SELECT MAX(created_at) FROM approvals"))
-        rows = db.execute(
-            "SELECT w.created_at, a.admitted_at, a.started_at, p.created_at FROM work_items w"
-            " JOIN attempts a ON a.work_id = w.work_id JOIN approvals p ON p.work_id = w.work_id").fetchall()
+        wait_until(lambda: one(pending) >= sessions, 600, f"{sessions} pending approvals", every=0.1)
+        last = float(one("SELECT MAX(created_at) FROM approvals"))
+        rows = q("SELECT w.created_at, a.admitted_at, a.started_at, p.created_at FROM work_items w"
+                 " JOIN attempts a ON a.work_id = w.work_id JOIN approvals p ON p.work_id = w.work_id")
         steps = {"waiting_for_admission_ms": [(r[1] - r[0]) * 1000 for r in rows],
                  "admitted_to_claimed_ms": [(r[2] - r[1]) * 1000 for r in rows],
                  "claimed_to_approval_ms": [(r[3] - r[2]) * 1000 for r in rows]}
@@ -146,13 +155,12 @@ def approvals(sessions: int = 1000, *, quota: int = 16, posters: int = 8) -> dic
         t_k = time.time()
         restarted = b.server(model, extra).start(wait=False)
         healthy = wait_health(restarted)
-        wait_until(lambda: scalar(db, "SELECT COUNT(*) FROM server_state WHERE key = 'recovery.last_pass'"), 120,
+        wait_until(lambda: one("SELECT COUNT(*) FROM server_state WHERE key = 'recovery.last_pass'"), 120,
                    "the recovery pass", every=0.05)
-        header = json.loads(scalar(db, "SELECT value FROM server_state WHERE key = 'recovery.last_pass'"))
-        still = scalar(db, pending)
-        db.close()
+        header = json.loads(one("SELECT value FROM server_state WHERE key = 'recovery.last_pass'"))
+        still = one(pending)
     elapsed = last - t0
-    return {"sessions": sessions, "max_concurrent_turns": quota, "turns_per_s": round(sessions / elapsed, 1),
+    return {"sessions": sessions, "store": "postgresql" if control_url else "sqlite", "max_concurrent_turns": quota, "turns_per_s": round(sessions / elapsed, 1),
             "first_post_to_last_approval_s": round(elapsed, 2), "create_sessions_s": round(t_s1 - t_s0, 2),
             "post_messages_s": round(t_posted - t0, 2), "accepted_per_s": round(sessions / (t_posted - t0), 1),
             "steps_median_ms": {k: round(statistics.median(v), 1) for k, v in steps.items()},
