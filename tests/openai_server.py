@@ -200,6 +200,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        with self.server.owner.lock:
+            self.server.owner.connections += 1  # TCP connections accepted
+
     # ------------------------------------------------------------------ helpers
 
     def _send_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
@@ -280,11 +285,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
-        self.send_header("Connection", "close")
+        # ``keep_alive``: a stream that ends normally leaves the connection open for the next request
+        keep = owner.keep_alive and plan.drop_after is None and plan.hold_open_after is None and plan.hang_after is None
+        if not keep:
+            self.send_header("Connection", "close")
         for k, v in plan.headers.items():
             self.send_header(k, v)
         self.end_headers()
-        self.close_connection = True
+        self.close_connection = not keep
         try:
             for i, payload in enumerate(events):
                 if plan.drop_after is not None and i >= plan.drop_after:
@@ -372,6 +380,8 @@ class OpenAITestServer:
         self._client_closes: list[float] = []  # when the client closed a held stream (wall clock)
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
+        self.keep_alive = False  # True: a stream that ends normally keeps its connection (HTTP/1.1 keep-alive)
+        self.connections = 0  # TCP connections accepted so far
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -187,6 +187,21 @@ def test_named_and_prefixed_models_resolve_to_their_adapter_and_a_missing_key_is
     assert isinstance(plain, AnthropicProvider) and plain.api_key == "sk-ant-env"
 
 
+async def test_the_requests_of_one_loop_share_a_kept_alive_connection(fake: Fake) -> None:
+    fake.server.keep_alive = True  # as a real provider keeps an idle connection for a while
+    for i in range(3):
+        fake.server.plan(text_chunks=[f"answer {i}"])
+        assert (await fake.provider.complete(_request(), on_chunk=Recorder().on_chunk)).text == f"answer {i}"
+    assert fake.server.connections == 1  # one TCP (and, for https, TLS) handshake for the three requests
+    # a server that closes each stream: the kept connection serves one more request and is closed by the server;
+    # the next request opens a new one and is still answered
+    fake.server.keep_alive = False
+    for text in ("again", "and again"):
+        fake.server.plan(text_chunks=[text])
+        assert (await fake.provider.complete(_request(), on_chunk=Recorder().on_chunk)).text == text
+    assert fake.server.connections == 2
+
+
 # --------------------------------------------------------------------------- Anthropic-only wire details
 
 

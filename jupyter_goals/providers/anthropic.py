@@ -36,7 +36,7 @@ from jupyter_goals.models import (
     Usage,
 )
 from jupyter_goals.providers.base import ChunkCallback, ProviderError, UsageCallback, endpoint, notify
-from jupyter_goals.providers.http import content_type, not_event_stream, post_stream
+from jupyter_goals.providers.http import content_type, drain, not_event_stream, post_stream
 from jupyter_goals.providers.openai_compat import parse_arguments
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -292,7 +292,8 @@ class AnthropicProvider:
     async def _consume(
         self, source: EventSource, acc: _Accumulator, on_chunk: ChunkCallback | None, on_usage: UsageCallback | None
     ) -> None:
-        async for sse in source.aiter_sse():
+        events = source.aiter_sse()
+        async for sse in events:
             payload = sse.data.strip()
             if not payload:
                 continue
@@ -332,6 +333,7 @@ class AnthropicProvider:
                     await notify(on_usage, usage)
             elif kind == "message_stop":
                 acc.stopped = True
+                await drain(events)
                 break
             # ping, content_block_stop and unknown event types carry nothing to keep
 

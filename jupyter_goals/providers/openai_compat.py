@@ -40,7 +40,7 @@ from jupyter_goals.providers.base import (
     endpoint,
     notify,
 )
-from jupyter_goals.providers.http import content_type, not_event_stream, post_stream
+from jupyter_goals.providers.http import content_type, drain, not_event_stream, post_stream
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 CONNECT_TIMEOUT_S = 10.0
@@ -362,12 +362,14 @@ class OpenAICompatProvider:
         on_chunk: ChunkCallback | None,
         on_usage: UsageCallback | None,
     ) -> None:
-        async for sse in source.aiter_sse():
+        events = source.aiter_sse()
+        async for sse in events:
             payload = sse.data.strip()
             if not payload:
                 continue
             if payload == "[DONE]":
                 acc.done = True
+                await drain(events)
                 break
             try:
                 data = json.loads(payload)
