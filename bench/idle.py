@@ -217,19 +217,27 @@ def run(sessions: int = 100, idle_s: float = 30.0, trace_s: float = 10.0, extra:
             truncate_wal(state / name)
 
         # 2 + 3. CPU and durable commits over the idle window
+        wall0 = time.time()
         gen0 = {n: wal_commits(state / f"{n}-wal") for n in ("control.db", "usage.db")}
         cpu0 = {pid: cpu_seconds(pid) for pid in pids}
         t0 = time.monotonic()
         beats: set[tuple[str, float]] = set()
-        while time.monotonic() - t0 < idle_s:
+
+        def sample() -> None:
             for wid, at in ro.execute("SELECT worker_id, heartbeat_at FROM workers WHERE state = 'live'"):
                 beats.add((wid, float(at)))
+
+        while time.monotonic() - t0 < idle_s:
+            sample()
             time.sleep(0.1)
         elapsed = time.monotonic() - t0
         cpu1 = {pid: cpu_seconds(pid) for pid in pids}
         gen1 = {n: wal_commits(state / f"{n}-wal") for n in ("control.db", "usage.db")}
-        first = {wid: min(at for w, at in beats if w == wid) for wid, _ in beats}
-        heartbeats = sum(1 for wid, at in beats if at > first[wid])  # the first value seen predates the window
+        wall1 = time.time()
+        sample()  # a heartbeat committed just before the last commit count
+        # the heartbeats committed between the two commit counts (each value stays 2 s: every one is sampled);
+        # counting the values seen after each worker's first one was off by one with the heartbeats' phase
+        heartbeats = sum(1 for _, at in beats if wall0 < at <= wall1)
         server_cpu = sum(cpu1[p] - cpu0[p] for p, role in pids.items() if role == "server")
         worker_cpu = sum(cpu1[p] - cpu0[p] for p, role in pids.items() if role == "worker")
         out["idle_cpu_pct_of_one_core"] = {

@@ -38,7 +38,8 @@ def markdown(figures: list[Figure], meta: dict[str, Any]) -> str:
     m, v = meta["machine"], meta["versions"]
     lines = [f"Measured {meta['date']} by `python -m bench{meta['args']}` in {meta['seconds']:.0f} s.", "",
              f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_gb']} GB memory, disk {m['disk']}; "
-             f"load average at the start {m['loadavg'][0]} (other sessions' tests were running: a busy machine).", "",
+             f"load average at the start {m['loadavg'][0]}"
+             f"{' (a busy machine: read the ratios)' if m['loadavg'][0] >= 1.0 else ''}.", "",
              "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ".", "",
              "| figure | what | value | baseline (same run) | ratio | target | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
