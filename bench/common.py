@@ -149,6 +149,21 @@ def pg_schemas(*names: str) -> Iterator[dict[str, str]]:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{s}" CASCADE')  # type: ignore[arg-type]
 
 
+@contextlib.contextmanager
+def pg_database() -> Iterator[str]:
+    """A private database on the local PostgreSQL (for a system that makes its own schemas: DBOS); dropped."""
+    import psycopg
+
+    name = f"bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
+    try:
+        yield PG_URL.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
+
+
 # --------------------------------------------------------------------------- a real server
 
 

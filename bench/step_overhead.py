@@ -342,20 +342,22 @@ def breakdown(root: Path, n: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- DBOS (child process)
 
 
-def dbos_child(root: Path) -> None:
-    """Serve measurement rounds over stdin/stdout: a line ``K`` runs K timed steps of each kind."""
+def dbos_child(root: Path, url: str | None = None) -> None:
+    """Serve measurement rounds over stdin/stdout: a line ``K`` runs K timed steps of each kind. ``url``: a
+    PostgreSQL system database (DBOS creates it) instead of the SQLite file."""
     import sqlalchemy as sa
     from sqlalchemy import event
 
     db_path = root / "dbos_sys.sqlite"
-    # journal_mode=WAL is stored in the file; synchronous is set on every connection DBOS opens
-    pre = sqlite3.connect(str(db_path))
-    pre.execute("PRAGMA journal_mode=WAL")
-    pre.close()
+    if url is None:
+        # journal_mode=WAL is stored in the file; synchronous is set on every connection DBOS opens
+        pre = sqlite3.connect(str(db_path))
+        pre.execute("PRAGMA journal_mode=WAL")
+        pre.close()
 
-    @event.listens_for(sa.engine.Engine, "connect")
-    def _pragmas(dbapi_conn: Any, _rec: Any) -> None:
-        dbapi_conn.execute("PRAGMA synchronous=FULL")
+        @event.listens_for(sa.engine.Engine, "connect")
+        def _pragmas(dbapi_conn: Any, _rec: Any) -> None:
+            dbapi_conn.execute("PRAGMA synchronous=FULL")
 
     from importlib.metadata import version
 
@@ -364,7 +366,7 @@ def dbos_child(root: Path) -> None:
 
     config: DBOSConfig = {
         "name": "jg-bench",
-        "system_database_url": f"sqlite:///{db_path}",
+        "system_database_url": url or f"sqlite:///{db_path}",
         "log_level": "WARNING",
     }
     DBOS(config=config)
@@ -408,10 +410,10 @@ def dbos_child(root: Path) -> None:
     DBOS.launch()
     try:
         with _get_dbos_instance()._sys_db.engine.connect() as conn:
-            pragmas = {
+            pragmas = ({"synchronous_commit": conn.exec_driver_sql("SHOW synchronous_commit").scalar()} if url else {
                 "journal_mode": conn.exec_driver_sql("PRAGMA journal_mode").scalar(),
                 "synchronous": conn.exec_driver_sql("PRAGMA synchronous").scalar(),
-            }
+            })
         send({"ok": True, "version": version("dbos"), "pragmas": pragmas})
         for line in sys.stdin:
             cmd = line.split()
@@ -436,7 +438,7 @@ def dbos_child(root: Path) -> None:
 class DbosRunner:
     """The parent's handle on the DBOS child: ``steps(k)`` returns that round's per-step seconds."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, url: str | None = None) -> None:
         self.proc: subprocess.Popen[str] | None = None
         self.info: dict[str, Any] = {"ok": False}
         self.sync: list[list[float]] = []
@@ -450,7 +452,7 @@ class DbosRunner:
         d.mkdir()
         self.stderr = open(d / "stderr.txt", "w+")  # a file, so a chatty child never blocks on a full pipe
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--_dbos-child", str(d)],
+            [sys.executable, __file__, "--_dbos-child", str(d), *(["--_dbos-url", url] if url else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
         )
         self.info = self._recv() or self.info
@@ -506,7 +508,7 @@ class DbosRunner:
 
 def run(n: int = 2000, *, warmup: int = 200, rounds: int = 10, dbos: bool = True, langgraph: bool = False,
         breakdown_calls: bool = False, parent: str | None = None, control_url: str | None = None,
-        raw_url: str | None = None) -> dict[str, Any]:
+        raw_url: str | None = None, dbos_url: str | None = None) -> dict[str, Any]:
     """Measure, interleaved in ``rounds``: jupyter_goals' two commits per tool call, raw sqlite3 (or raw
     PostgreSQL when ``raw_url`` is given, with ``control_url`` the jupyter_goals store on the same server),
     a DBOS step and a LangGraph checkpointed step. Returns the figures (see the module's JSON keys)."""
@@ -519,7 +521,7 @@ def run(n: int = 2000, *, warmup: int = 200, rounds: int = 10, dbos: bool = True
         raw = RawSqlite(root / "raw.db") if raw_url is None else RawPostgres(raw_url)
         raw_full = RawSqlite(root / "raw-full.db", defer_result=False) if raw_url is None else None
         goals = GoalsBench(root, control_url)
-        dbos_run = DbosRunner(root) if dbos else None
+        dbos_run = DbosRunner(root, dbos_url) if dbos else None
         lg = None
         if langgraph:
             if __package__:
@@ -628,10 +630,11 @@ def main() -> int:
     ap.add_argument("--breakdown", action="store_true", help="also show where a jupyter_goals call spends its time")
     ap.add_argument("--dir", help="parent folder for the temp dir (default: the system temp dir)")
     ap.add_argument("--_dbos-child", dest="dbos_child", help=argparse.SUPPRESS)
+    ap.add_argument("--_dbos-url", dest="dbos_url", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.dbos_child:
-        dbos_child(Path(args.dbos_child))
+        dbos_child(Path(args.dbos_child), args.dbos_url)
         return 0
     if args.n < 1 or args.warmup < 0:
         ap.error("--n must be at least 1 and --warmup at least 0")
