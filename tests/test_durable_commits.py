@@ -49,6 +49,23 @@ def test_a_commit_not_waited_for_leaves_the_connection_durable_after_it(backend:
     assert db.transact(sync_setting, write=False, durable=False) == durable  # a read commits nothing
 
 
+def test_a_read_is_one_snapshot_on_sqlite_and_no_transaction_on_postgresql(backend: Backend) -> None:
+    """PostgreSQL (READ COMMITTED) gives each statement its own snapshot inside a transaction or not: a read
+    runs without BEGIN and COMMIT (two round trips less); a write is one transaction on both."""
+    db = backend.open("control", migrated="control")
+
+    def in_transaction(tx: Tx) -> bool:
+        conn = tx._conn
+        return bool(conn.in_transaction) if tx.dialect == "sqlite" else conn.info.transaction_status != 0
+
+    assert db.transact(in_transaction) is True
+    assert db.transact(in_transaction, write=False) is (backend.kind == "sqlite")
+    assert asyncio.run(db.run_write_if_needed(in_transaction)) is (backend.kind == "sqlite")  # a probe: a read
+    with pytest.raises(RuntimeError):  # a failed read leaves the connection usable
+        db.transact(lambda tx: (_ for _ in ()).throw(RuntimeError("x")), write=False)
+    assert db.transact(lambda tx: tx.scalar("SELECT 1 AS one"), write=False) == 1
+
+
 async def test_a_turn_waits_for_the_disk_before_every_step_but_a_tool_result(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'control.db'}"
     db = Database(url)

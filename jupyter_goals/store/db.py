@@ -313,6 +313,9 @@ class Database:
             conn = lane.conn
             tx = _ProbeTx(conn, self.dialect) if probe else Tx(conn, self.dialect)
             restore = False  # the write connection's busy_timeout=0 to put back after an inline read
+            # PostgreSQL reads run outside a transaction: in READ COMMITTED each statement reads its own snapshot
+            # either way, so BEGIN and COMMIT were two round trips that bought nothing
+            began = write or self.dialect == "sqlite"
             try:
                 if self.dialect == "sqlite":
                     if write:
@@ -326,16 +329,18 @@ class Database:
                             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
                             restore = True
                         conn.execute("BEGIN")
-                else:
-                    conn.execute("BEGIN" if durable or not write else "BEGIN; SET LOCAL synchronous_commit TO off")
+                elif write:
+                    conn.execute("BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit TO off")
                 result = fn(tx)
-                conn.execute("COMMIT")
+                if began:
+                    conn.execute("COMMIT")
                 if self.problems:
                     self.problems.pop("write" if write else "read", None)
                 return result
             except BaseException as exc:
                 try:
-                    conn.execute("ROLLBACK")
+                    if began:
+                        conn.execute("ROLLBACK")
                 except Exception:
                     self._reset(lane)
                 failure: StorageUnavailable | None = exc if isinstance(exc, StorageUnavailable) else None
