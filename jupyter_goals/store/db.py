@@ -382,7 +382,7 @@ class Database:
                         self.problems.pop(kind, None)
                 else:
                     # commits nothing; a lock still held answers within 200 ms, not the busy timeout
-                    self.transact(lambda tx: None, write=kind == "write", lock_wait_ms=200)
+                    self.transact(lambda tx: tx.scalar("SELECT 1 AS one"), write=kind == "write", lock_wait_ms=200)
             except (StorageUnavailable, OSError):
                 pass
         return dict(self.problems)
