@@ -16,7 +16,7 @@ import {
 import { SessionDetail } from './detail';
 import { stopAllWork } from './edit';
 import { AttentionInbox } from './inbox';
-import { debounce, sharedEventFeed } from './events';
+import { debounce, OneAtATime, sharedEventFeed } from './events';
 import { modelCatalog } from './models';
 import { RecoverySummary } from './recovery';
 import { urls } from './urls';
@@ -126,27 +126,8 @@ export class GoalsSidebar extends Widget {
    * Never rejects: failures are rendered.
    */
   refresh(): Promise<void> {
-    if (this._pending) {
-      this._again = true; // read again once this one is done (a filter or page count changed meanwhile)
-    } else {
-      this._pending = this._load()
-        .then(snapshot => {
-          if (!this.isDisposed) {
-            this._render(snapshot);
-          }
-          if (snapshot.errors.length === 0) {
-            sharedEventFeed().nudge();
-          }
-        })
-        .finally(() => {
-          this._pending = null;
-          if (this._again && !this.isDisposed) {
-            this._again = false;
-            void this.refresh();
-          }
-        });
-    }
-    return this._pending;
+    // a call while a read runs reads again once it is done (a filter or page count changed meanwhile)
+    return this._reads.run();
   }
 
   /** Show one session's state, Goal, approvals and history below the list. */
@@ -506,7 +487,6 @@ export class GoalsSidebar extends Widget {
   private readonly _detail: SessionDetail;
   private readonly _recovery: RecoverySummary;
   private _pages = 1;
-  private _again = false;
   private _text = '';
   private _state = '';
   private readonly _filterNode: HTMLElement;
@@ -514,7 +494,18 @@ export class GoalsSidebar extends Widget {
   private _modelAbout = new Map<string, string>();
   private _unsubscribe: (() => void) | null = null;
   private _hasHealth = false;
-  private _pending: Promise<void> | null = null;
+  private readonly _reads = new OneAtATime(
+    async () => {
+      const snapshot = await this._load();
+      if (!this.isDisposed) {
+        this._render(snapshot);
+      }
+      if (snapshot.errors.length === 0) {
+        sharedEventFeed().nudge();
+      }
+    },
+    () => !this.isDisposed
+  );
   private _sessions: ISessionSummary[] = [];
   private _more: string | number | null = null;
 }
