@@ -38,3 +38,18 @@ def test_python_m_bench_refuses_an_unknown_benchmark_name() -> None:
     proc = subprocess.run([sys.executable, "-m", "bench", "--only", "nosuch"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "unknown benchmark(s) nosuch" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_windowed_loop_benchmark_resumes_seeded_sessions_and_compacts_only_with_a_window() -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "windowed", "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    windowed, plain = out["figures"]["windowed_loop_rate_ratio"], out["figures"]["nowindow_loop_rate_ratio"]
+    assert windowed["verdict"] in ("PASS", "FALLS SHORT") and windowed["value"] > 0, windowed
+    w, n = windowed["detail"]["windowed"], windowed["detail"]["no_window"]
+    # the seeded history was read and compacted on the windowed model, never on the plain one
+    assert w["compactions_small"] >= 1 and w["compactions_large"] >= 1, w
+    assert n["compactions_small"] == 0 and n["compactions_large"] == 0, n
+    assert plain["value"] > 0 and plain["verdict"] == "-"
