@@ -129,7 +129,8 @@ def recovery(quick: bool, ctx: dict[str, Any]) -> list[Figure]:
     growth = rnd(b["recovery_s"] / a["recovery_s"]) if a["recovery_s"] else None
     ok_a = a["recovery_s"] < small / 1000 and a["decided"] == small
     ok_b = b["recovery_s"] < large / 1000 and b["decided"] == large and growth is not None and growth <= 12
-    limit = "one transaction per interrupted attempt in the pass (claim, repair, decide, admit), run one after another"
+    limit = ("a pass reads its items' facts in chunks and writes claims, repairs and decisions 200 per transaction; "
+             "what is left is per item: its repair (placeholders, interruption marker) and its admission")
     dbos_s = dbos["recovery_s"] if dbos else None
     return [Figure("recovery_s", f"{small:,} items (half awaiting approval, half mid-turn) after kill -9: pass start → "
                    "every item decided (ratio = how many times faster than DBOS)", a["recovery_s"], "s", dbos_s,
