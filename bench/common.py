@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -165,6 +165,26 @@ def pg_database() -> Iterator[str]:
 
 
 # --------------------------------------------------------------------------- a real server
+
+
+def control_reader(state: Path, url: str | None) -> Callable[[str], list[tuple[Any, ...]]]:
+    """A function running one read-only query on a server's control store (the SQLite file in ``state``, or
+    ``url``'s PostgreSQL), each on a connection of its own, as an operator reads it."""
+    if url is None:
+        def q(sql: str) -> list[tuple[Any, ...]]:
+            conn = sqlite3.connect(f"file:{state / 'control.db'}?mode=ro", uri=True, timeout=30)
+            try:
+                return conn.execute(sql).fetchall()
+            finally:
+                conn.close()
+        return q
+    import psycopg
+
+    def qpg(sql: str) -> list[tuple[Any, ...]]:
+        with psycopg.connect(url) as conn:
+            return list(conn.execute(sql).fetchall())  # type: ignore[arg-type]
+    return qpg
+
 
 
 class Bench:

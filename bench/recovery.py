@@ -20,11 +20,9 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from bench.common import Bench, pg_schemas, wait_health, wait_until
+from bench.common import Bench, control_reader, pg_schemas, wait_health, wait_until
 from jupyter_goals.identity import boot_id, host_name
 from jupyter_goals.models import ItemKind, Phase, ReasonCode
 from jupyter_goals.runtime.tools import ToolRegistry
@@ -80,25 +78,6 @@ def seed_interrupted(db: Database, n: int, cwd: str, model: str) -> None:
         db.transact(batch)
 
 
-def _reader(state: Path, url: str | None) -> Callable[[str], list[tuple[Any, ...]]]:
-    if url is None:
-        import sqlite3
-
-        def q(sql: str) -> list[tuple[Any, ...]]:
-            conn = sqlite3.connect(f"file:{state / 'control.db'}?mode=ro", uri=True, timeout=30)
-            try:
-                return conn.execute(sql).fetchall()
-            finally:
-                conn.close()
-        return q
-    import psycopg
-
-    def qpg(sql: str) -> list[tuple[Any, ...]]:
-        with psycopg.connect(url) as conn:
-            return list(conn.execute(sql).fetchall())  # type: ignore[arg-type]
-    return qpg
-
-
 def _run(n: int, control_url: str | None, usage_url: str | None) -> dict[str, Any]:
     with Bench(f"recovery{n}") as b:
         model = write_script(b.base / "ask.json", [], {"text": "Running it.", "tool_calls": [
@@ -113,7 +92,7 @@ def _run(n: int, control_url: str | None, usage_url: str | None) -> dict[str, An
         extra = list(SERVER)
         if control_url:
             extra += [f"--GoalsApp.control_db_url={control_url}", f"--GoalsApp.usage_db_url={usage_url}"]
-        q = _reader(b.state, control_url)
+        q = control_reader(b.state, control_url)
         spawned = time.time()
         server = b.server(model, extra, fast=False).start(wait=False)
         healthy = wait_health(server, timeout=600)

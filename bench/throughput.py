@@ -25,8 +25,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.common import Bench, api, wait_health, wait_until
+from bench.common import Bench, api, control_reader, wait_health, wait_until
 from jupyter_goals.testing import write_script
+
+
+def _commit_rate(conn: Any, begin: str, insert: str, seconds: float) -> float:
+    """Transactions of one INSERT each, one after another for ``seconds``: committed per second."""
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        conn.execute(begin)
+        conn.execute(insert)
+        conn.execute("COMMIT")
+        n += 1
+    return n / (time.perf_counter() - t0)
 
 
 def raw_commit_rate(directory: Path, seconds: float) -> float:
@@ -35,15 +46,10 @@ def raw_commit_rate(directory: Path, seconds: float) -> float:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT INTO t (v) VALUES ('x')")
-        conn.execute("COMMIT")
-        n += 1
-    rate = n / (time.perf_counter() - t0)
-    conn.close()
-    return rate
+    try:
+        return _commit_rate(conn, "BEGIN IMMEDIATE", "INSERT INTO t (v) VALUES ('x')", seconds)
+    finally:
+        conn.close()
 
 
 def raw_pg_commit_rate(url: str, seconds: float) -> float:
@@ -52,13 +58,7 @@ def raw_pg_commit_rate(url: str, seconds: float) -> float:
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE raw_commits (id BIGSERIAL PRIMARY KEY, v TEXT)")
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            conn.execute("BEGIN")
-            conn.execute("INSERT INTO raw_commits (v) VALUES ('x')")
-            conn.execute("COMMIT")
-            n += 1
-        return n / (time.perf_counter() - t0)
+        return _commit_rate(conn, "BEGIN", "INSERT INTO raw_commits (v) VALUES ('x')", seconds)
 
 
 def tool_loops(sessions: int = 16, window_s: float = 15.0, *, control_url: str | None = None,
@@ -66,7 +66,6 @@ def tool_loops(sessions: int = 16, window_s: float = 15.0, *, control_url: str |
     """``control_url`` / ``usage_url``: the server's stores on PostgreSQL; the baseline is then raw psycopg's
     sequential commit rate on ``raw_url`` (the same server)."""
     from bench.long_session import children, cpu_s
-    from bench.recovery import _reader
 
     with Bench("throughput") as b:
         seconds = min(3.0, window_s / 3)
@@ -78,7 +77,7 @@ def tool_loops(sessions: int = 16, window_s: float = 15.0, *, control_url: str |
         if control_url:
             extra += [f"--GoalsApp.control_db_url={control_url}", f"--GoalsApp.usage_db_url={usage_url}"]
         server = b.server(model, extra).start()
-        q = _reader(b.state, control_url)
+        q = control_reader(b.state, control_url)
 
         def count(sql: str) -> int:
             return int(q(sql)[0][0])
@@ -109,7 +108,6 @@ def tool_loops(sessions: int = 16, window_s: float = 15.0, *, control_url: str |
 def approvals(sessions: int = 1000, *, quota: int = 16, posters: int = 8, control_url: str | None = None,
               usage_url: str | None = None) -> dict[str, Any]:
     """``control_url`` / ``usage_url``: the server's stores on PostgreSQL."""
-    from bench.recovery import _reader
 
     with Bench("approvals") as b:
         model = write_script(b.base / "ask.json", [], {"text": "Running it.", "tool_calls": [
@@ -118,7 +116,7 @@ def approvals(sessions: int = 1000, *, quota: int = 16, posters: int = 8, contro
         if control_url:
             extra += [f"--GoalsApp.control_db_url={control_url}", f"--GoalsApp.usage_db_url={usage_url}"]
         server = b.server(model, extra).start()
-        q = _reader(b.state, control_url)
+        q = control_reader(b.state, control_url)
 
         def one(sql: str) -> Any:
             return q(sql)[0][0]

@@ -11,18 +11,25 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def quick_json(*names: str, timeout: float) -> dict[str, Any]:
+    """``python -m bench --quick --only NAMES --json``, run to its end; its one JSON object."""
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", ",".join(names), "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return out
+
+
 @pytest.mark.slow
 def test_python_m_bench_quick_only_json_prints_the_figures_with_their_keys() -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "events", "--json"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    out = quick_json("events", timeout=300)
     assert "event_latency_p99_ms" in out
     fig = out["figures"]["event_latency_p99_ms"]
     assert set(fig) >= {"name", "value", "unit", "baseline", "ratio", "target", "verdict", "limit"}
@@ -42,10 +49,7 @@ def test_python_m_bench_refuses_an_unknown_benchmark_name() -> None:
 
 @pytest.mark.slow
 def test_the_windowed_loop_benchmark_resumes_seeded_sessions_and_compacts_only_with_a_window() -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "windowed", "--json"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    out = quick_json("windowed", timeout=600)
     windowed, plain = out["figures"]["windowed_loop_rate_ratio"], out["figures"]["nowindow_loop_rate_ratio"]
     assert windowed["verdict"] in ("PASS", "FALLS SHORT") and windowed["value"] > 0, windowed
     w, n = windowed["detail"]["windowed"], windowed["detail"]["no_window"]
