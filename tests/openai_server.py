@@ -89,6 +89,7 @@ class Plan:
     drop_mode: DropMode = "reset"  # reset: abort mid-chunked-body; eof: end the body cleanly, no [DONE]
     hang_after: int | None = None  # stop sending after this many events until release() / close()
     hold_open_after: int | None = None  # stop sending after this many events until the client closes the connection
+    hold_after_done: bool = False  # after [DONE] (message_stop), send nothing more until the client closes
     chunk_delay: float = 0.0  # seconds between events
     args_chunk_size: int = 5
     interleave_tool_calls: bool = False
@@ -286,7 +287,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         # ``keep_alive``: a stream that ends normally leaves the connection open for the next request
-        keep = owner.keep_alive and plan.drop_after is None and plan.hold_open_after is None and plan.hang_after is None
+        keep = (owner.keep_alive and plan.drop_after is None and plan.hold_open_after is None and plan.hang_after is None
+                and not plan.hold_after_done)
         if not keep:
             self.send_header("Connection", "close")
         for k, v in plan.headers.items():
@@ -314,6 +316,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if plan.send_done and self.done_frame:
                 self._write_chunk(self.done_frame)
+            if plan.hold_after_done:
+                self._hold_until_client_closes()
+                return
             self._write_chunk(b"")  # terminating zero-length chunk
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client went away

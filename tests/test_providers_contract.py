@@ -4,6 +4,8 @@ on 127.0.0.1, real streaming; only the model is scripted)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,6 +202,21 @@ async def test_the_requests_of_one_loop_share_a_kept_alive_connection(fake: Fake
         fake.server.plan(text_chunks=[text])
         assert (await fake.provider.complete(_request(), on_chunk=Recorder().on_chunk)).text == text
     assert fake.server.connections == 2
+
+
+async def test_a_stream_held_open_after_its_end_marker_still_answers_and_its_connection_is_let_go(fake: Fake) -> None:
+    # the server sends [DONE] (message_stop) and then neither the closing chunk nor anything else
+    fake.server.plan(text_chunks=["all of it"], hold_after_done=True)
+    started = time.monotonic()
+    answer = await fake.provider.complete(_request(), on_chunk=Recorder().on_chunk)
+    assert answer.text == "all of it"
+    assert time.monotonic() - started < 10  # the drain gives up after 1 s; the read timeout is minutes
+    deadline = time.monotonic() + 10
+    while not fake.server.client_closes:  # the connection was closed, not put back in the pool
+        assert time.monotonic() < deadline, "the held stream's connection was never closed"
+        await asyncio.sleep(0.05)
+    fake.server.plan(text_chunks=["next"])  # and the next request gets a connection of its own
+    assert (await fake.provider.complete(_request(), on_chunk=Recorder().on_chunk)).text == "next"
 
 
 # --------------------------------------------------------------------------- Anthropic-only wire details
