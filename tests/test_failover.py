@@ -144,7 +144,13 @@ def healthy(server: ServerProcess) -> bool:
 def assert_each_chat_ran_each_step_at_most_once(pool: Pool, sessions: list[str]) -> None:
     """No line twice; a chat none of whose calls was left unknown wrote every one of its lines."""
     lines = pool.lines()
-    assert len(lines) == len(set(lines)), f"a step ran twice: {sorted(ln for ln in lines if lines.count(ln) > 1)}"
+    twice = sorted({ln for ln in lines if lines.count(ln) > 1})
+    # what each call of a chat that wrote a line twice recorded, so that a failure says how it happened
+    calls = [f"{r['title']} {r['effect_id']} {r['state']} {r['attempt_id']}: {(r['result'] or '')[:160]!r}"
+             for r in pool.rows("SELECT s.title, e.effect_id, e.state, e.attempt_id, e.result FROM effects e"
+                                " JOIN sessions s ON s.session_id = e.session_id ORDER BY e.created_at")
+             if any(r["title"] == f"chat {int(ln[5:7])}" for ln in twice)]
+    assert not twice, f"a step ran twice: {twice}; their calls: {calls}"
     unsure = {r["session_id"] for r in pool.rows("SELECT DISTINCT session_id FROM effects"
                                                   " WHERE state IN ('unknown', 'reconciled')")}
     titles = {r["session_id"]: r["title"] for r in pool.rows("SELECT session_id, title FROM sessions")}

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from jupyter_goals.store import channels as channels_pg
-from jupyter_goals.store.db import Database, Tx, dialect_of, pg_connect, pg_connect_async
+from jupyter_goals.store.db import Database, Tx, dialect_of
+from jupyter_goals.store.pgconn import pg_connect, pg_connect_async
 
 T = TypeVar("T")
 

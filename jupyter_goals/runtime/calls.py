@@ -41,11 +41,15 @@ from jupyter_goals.runtime.tools import (
     trusted_state_tool,
 )
 from jupyter_goals.store import control as c
-from jupyter_goals.store.db import Database, Row, Tx
+from jupyter_goals.store.db import Database, FencedError, Row, StorageUnavailable, Tx
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 CANCEL_POLL_S = 0.2  # without a worker's controls channel: how often a running call checks for a stop or cancel
+#: failures of the store, never a tool's outcome: recorded as the call's result they would stand for a command
+#: that in fact ran on (its process is detached) and the model would start it again; they end the attempt
+#: instead, and the next attempt reconnects the command and records its one real result
+NOT_THE_TOOLS = (StorageUnavailable, FencedError)
 
 
 @functools.lru_cache(maxsize=64)
@@ -223,6 +227,8 @@ class ToolCalls:
             self.awaiting_process = True
             try:
                 shell_result, cancelled = await self._cancellable(eff, spec.impl(ctx, eff["arguments"]))
+            except NOT_THE_TOOLS:
+                raise
             except Exception as exc:  # a tool's failure is its result, not the loop's
                 shell_result, cancelled = ToolResult(f"error: {type(exc).__name__}: {exc}", ok=False), None
             self.awaiting_process = False
@@ -233,6 +239,8 @@ class ToolCalls:
         else:
             try:
                 result = await spec.impl(ctx, eff["arguments"])
+            except NOT_THE_TOOLS:
+                raise
             except Exception as exc:  # a tool's failure is its result, not the loop's
                 result = ToolResult(f"error: {type(exc).__name__}: {exc}", ok=False)
         if eff["tool"] != "shell":
@@ -266,9 +274,19 @@ class ToolCalls:
                     f.cancel()
 
     async def _cancel_cause(self, effect_id: str) -> str:
+        """Why the running call must be cancelled, once there is a reason. A read the store refuses (the
+        database restarting, a connection cut) is no reason: the watch reads again at its next tick, and
+        the command's outcome, read from its files, is committed (or the commit fails and ends the attempt)."""
+        failing = False
         while True:
             mark = self.controls.mark() if self.controls is not None else None  # before the read: none missed
-            cause = await self.db.run(lambda tx: c.cancel_cause(tx, effect_id), write=False)
+            try:
+                cause = await self.db.run(lambda tx: c.cancel_cause(tx, effect_id), write=False)
+                failing = False
+            except StorageUnavailable as exc:
+                if not failing:
+                    log.warning("call watch of %s: %s; reading again at each tick", effect_id, exc)
+                cause, failing = None, True
             if cause is not None:
                 return cause
             if mark is None:

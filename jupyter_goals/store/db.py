@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from jupyter_goals.store.pgconn import PG_SIDE_OPTIONS, lane_name, pg_stale
 from jupyter_goals.store.sql import insert_sql, pg_insert_seq_sql
 
 T = TypeVar("T")
@@ -84,28 +85,6 @@ _READS = ("SELECT", "WITH", "PRAGMA")
 def dialect_of(url: str) -> str:
     """``postgresql`` for a PostgreSQL URL, else ``sqlite`` (as :class:`Database` reads it)."""
     return "postgresql" if url.startswith(("postgresql://", "postgres://")) else "sqlite"
-
-
-# libpq options of every PostgreSQL connection (the Database's lanes, wake-ups): a connect gives up after
-# 5 s, and an idle connection notices a dead server or network within about 25 s (TCP keepalives) and
-# unacknowledged data within 10 s, so a lost connection is seen (storage_unavailable) and redone.
-PG_SIDE_OPTIONS: dict[str, Any] = {"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 10,
-                                   "keepalives_interval": 5, "keepalives_count": 3, "tcp_user_timeout": 10000}
-
-
-def pg_connect(url: str, *, application_name: str) -> Any:
-    """A raw autocommit ``psycopg.Connection`` to a PostgreSQL URL (outside any transaction lane)."""
-    import psycopg
-
-    return psycopg.connect(url, autocommit=True, application_name=application_name, **PG_SIDE_OPTIONS)
-
-
-async def pg_connect_async(url: str, *, application_name: str) -> Any:
-    """:func:`pg_connect` as a ``psycopg.AsyncConnection`` on the running loop (no thread)."""
-    import psycopg
-
-    return await psycopg.AsyncConnection.connect(url, autocommit=True, application_name=application_name,
-                                                 **PG_SIDE_OPTIONS)
 
 
 class Tx:
@@ -255,7 +234,7 @@ class Database:
         self.problems: dict[str, StorageUnavailable] = {}
 
     # ------------------------------------------------------------------ connection
-    def _connect(self) -> Any:
+    def _connect(self, lane: str = "jupyter-goals-db") -> Any:
         if self.dialect == "sqlite":
             assert self.path is not None
             if self.create and not os.path.exists(self.path):
@@ -275,7 +254,8 @@ class Database:
         from psycopg.rows import dict_row
 
         try:
-            return psycopg.connect(self.url, autocommit=True, row_factory=dict_row, **PG_SIDE_OPTIONS)  # type: ignore[arg-type]
+            return psycopg.connect(self.url, autocommit=True, row_factory=dict_row,  # type: ignore[arg-type]
+                                   application_name=lane_name(lane), **PG_SIDE_OPTIONS)
         except psycopg.Error as exc:
             raise StorageUnavailable(f"cannot connect to {self.url}: {exc}") from exc
 
@@ -302,9 +282,11 @@ class Database:
         with lane.lock:
             if self._closed:
                 raise StorageUnavailable(f"{self.dialect} database {self.path or ''} is closed")
+            if lane.conn is not None and self.dialect == "postgresql" and pg_stale(lane.conn):
+                self._reset(lane)  # the database restarted or ended the backend meanwhile
             if lane.conn is None:
                 try:
-                    lane.conn = self._connect()
+                    lane.conn = self._connect(lane.name)
                 except StorageUnavailable as exc:
                     self.problems["write" if write else "read"] = exc
                     raise
