@@ -337,7 +337,8 @@ class ToolCalls:
         # not waited onto the disk: the loop's next step commits durably before anything leaves this process
         # (the next model request's record, the next call's ``dispatched``, the turn's end; the worker's
         # heartbeat meanwhile), and that commit carries this one with it. A kill -9 loses nothing; a power
-        # loss in between leaves the call ``dispatched`` without its result: unknown, never run twice.
+        # loss or a PostgreSQL crash in between leaves the call ``dispatched`` without its result: the next
+        # attempt reads it from the command's files, or it is unknown; never run twice.
         await self.db.run(commit, durable=False)
         crash_point("tool.after_result_commit")
 

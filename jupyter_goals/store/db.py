@@ -275,7 +275,7 @@ class Database:
         """Run ``fn`` in one transaction on the calling thread (commit on return, rollback on raise).
         ``probe``: a read transaction in which the first write raises ``WouldWrite``. ``durable=False``: the
         commit does not wait for the disk (SQLite ``synchronous=NORMAL``, PostgreSQL ``synchronous_commit
-        off``); it is durable with the next durable commit, and a power loss before it may undo it."""
+        off``); it is durable with the next durable commit; a power loss (or a PostgreSQL crash) before may undo it."""
         if probe:
             write = False
         lane = self._lane(write)
