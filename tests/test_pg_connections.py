@@ -47,7 +47,7 @@ def backends(conn: psycopg.Connection[Any], names: list[str], *, waiting: bool =
 
 def lanes(pid: int) -> list[str]:
     """The ``application_name`` of a process's two lane connections (``store/pgconn.lane_name``)."""
-    return [f"jupyter-goals-db {pid}", f"jupyter-goals-db-read {pid}"]
+    return [f"jupyter_goals-db-{pid}", f"jupyter_goals-db-read-{pid}"]
 
 
 def done(hosts: Hosts, session_id: str) -> bool:
@@ -70,7 +70,7 @@ def test_a_read_cut_while_a_command_runs_is_not_its_outcome_and_the_command_runs
         wait_for(lambda: hosts.rows("SELECT effect_id FROM effects WHERE state = 'dispatched'"), timeout=60,
                  what="the command running")
         worker = int(a.workers()[0]["pid"])
-        reader = [f"jupyter-goals-db-read {worker}"]
+        reader = [lanes(worker)[1]]
         # the worker's watch over the running call reads its effect once a second: hold that read inside
         # the database (a lock on ``effects``), end its backend there, then let go of the lock
         with psycopg.connect(hosts.control_url) as lock, admin(hosts.control_url) as ops:

@@ -30,9 +30,10 @@ async def pg_connect_async(url: str, *, application_name: str) -> Any:
 
 
 def lane_name(lane: str) -> str:
-    """A lane connection's ``application_name``: the lane and the process, so an operator (and a test)
-    can tell in ``pg_stat_activity`` which process's reads or writes a backend serves."""
-    return f"{lane} {os.getpid()}"
+    """A lane connection's ``application_name`` (``jupyter_goals-db-<pid>``, ``jupyter_goals-db-read-<pid>``;
+    beside ``jupyter_goals-notify-<pid>``): an operator (and a test) can tell in ``pg_stat_activity`` which
+    process's writes or reads a backend serves."""
+    return f"jupyter_goals-{lane.removeprefix('jupyter-goals-')}-{os.getpid()}"
 
 
 def pg_stale(conn: Any) -> bool:
