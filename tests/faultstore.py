@@ -206,5 +206,5 @@ class FaultyDatabase(Database):
         assert self.dialect == "sqlite", "fault injection wraps SQLite connections"
         self.plan = plan
 
-    def _connect(self) -> Any:
-        return FaultyConnection(super()._connect(), self)
+    def _connect(self, lane: str = "jupyter-goals-db") -> Any:
+        return FaultyConnection(super()._connect(lane), self)

@@ -41,7 +41,7 @@ def pg_stale(conn: Any) -> bool:
     of a backend it ended) or closed it (a restart). A lane checks before each transaction and opens a new
     connection, so the first read or write after a database restart succeeds instead of failing on the
     old one. One ``poll`` with no wait, no round trip; a lane never LISTENs, so nothing else arrives idle."""
-    if conn.closed or conn.broken:
+    if conn.closed:  # closed by us, or broken (psycopg: a broken connection is closed too)
         return True
     try:
         poller = select.poll()  # not select(): a server may hold more than FD_SETSIZE descriptors
