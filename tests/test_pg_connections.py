@@ -24,9 +24,10 @@ pytestmark = pytest.mark.postgres
 
 
 def rules() -> list[dict[str, Any]]:
-    """"run:" starts one 4-second command appending ``once`` to ``once.txt``, then answers "ok" once its
-    result says it ran; any other result (an error) makes it start the command again, as a model would."""
-    command = "sleep 4; echo once >> once.txt; echo did-once"
+    """"run:" starts one command that waits for the file ``go`` and appends ``once`` to ``once.txt``, then
+    answers "ok" once its result says it ran; any other result (an error) makes it start the command again,
+    as a model would."""
+    command = "while [ ! -e go ]; do sleep 0.1; done; echo once >> once.txt; echo did-once"
     return [
         {"when": {"last_user_contains": "run:", "tool_result_unknown": True}, "respond": {"text": "unknown; stop."}},
         {"when": {"last_user_contains": "run:", "last_tool_result_contains": "did-once"}, "respond": {"text": "ok"}},
@@ -80,6 +81,7 @@ def test_a_read_cut_while_a_command_runs_is_not_its_outcome_and_the_command_runs
             assert all(ops.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]  # type: ignore[index]
                        for pid in backends(ops, reader, waiting=True))
             lock.rollback()
+        (hosts.root / "go").touch()  # the command ends only now, after its watch's read was cut
 
         wait_for(lambda: done(hosts, sid), timeout=60, what="the chat done")
         assert (hosts.root / "once.txt").read_text().splitlines() == ["once"]
