@@ -386,13 +386,15 @@ def goals_ready(server: LabServer) -> LabServer:
     return server
 
 
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 20,
+               evidence: Callable[[], str] | None = None) -> None:
+    """Polls ``check`` until it holds; on timeout fails saying ``what`` (and ``evidence()``: what the page shows)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f"; {evidence()}" if evidence else ""))
 
 
 def asking_model(tmp: Path) -> str:

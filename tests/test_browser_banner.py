@@ -10,6 +10,7 @@ A real server and JupyterLab with the built labextension, headless Chromium driv
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,7 @@ from .browser import (
 from .servers import running_shell, write_script
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Locator
+    from playwright.sync_api import Browser, Locator, Route
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -195,7 +196,12 @@ def test_the_banner_offers_approve_for_a_waiting_call_and_resume_for_paused_work
     """Two chats when the server is killed -9: an ask chat whose write waits for approval, and a chat paused
     while its command ran. After the restart (the page not reloaded) each chat's banner offers the action
     that fits: "Approve…" moves focus to the waiting call's Approve button (approved, the write runs once),
-    "Resume" resumes the paused work (its intent is `run` again and it finishes)."""
+    "Resume" resumes the paused work (its intent is `run` again and it finishes).
+
+    The view's own reads of the paused chat are held from before the pause until after Resume is clicked, so
+    the view still shows the version before the pause: the banner acts on what it read itself, the version its
+    actions were computed from (with the view's version the server refused the Resume as stale, 409: seen
+    once in CI, where the view's read after the restart came after the banner's)."""
     model = write_script(tmp_path / "ask.json", [{"when": {"last_tool_result_contains": ""}, "respond": {"text": "written"}}],
                          default={"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}]})
     with run_jupyter_lab(tmp_path) as server:
@@ -211,6 +217,16 @@ def test_the_banner_offers_approve_for_a_waiting_call_and_resume_for_paused_work
             slow_view = open_session_view(lab, paused)
             send(slow_view, "slow")
             wait_until(lambda: bool(effect_events(server, paused, "dispatched")), "the command to start", 30)
+            held: list[Route] = []
+            holding = True
+
+            def hold(route: Route) -> None:  # once released, every read goes through
+                if holding:
+                    held.append(route)
+                else:
+                    route.continue_()
+
+            lab.page.route(re.compile(rf"/api/goals/sessions/{paused}(\?|$)"), hold)
             version = api(server, "GET", f"sessions/{paused}")["work"]["control_version"]
             api(server, "POST", f"sessions/{paused}/actions", {"action": "pause", "expected_control_version": version})
 
@@ -220,8 +236,14 @@ def test_the_banner_offers_approve_for_a_waiting_call_and_resume_for_paused_work
             banner.wait_for(timeout=60_000)
             wait_until(lambda: banner.get_by_role("button", name="Resume").count() == 1, "Resume offered", 60)
             click_past_connection_errors(lab, banner.get_by_role("button", name="Resume"))
+            alert = slow_view.get_by_test_id("goals-session-alert")
             wait_until(lambda: api(server, "GET", f"sessions/{paused}")["work"]["desired_state"] == "run",
-                       "the work resumed", 20)
+                       "the work resumed", 20, lambda: f"the view's alert: {alert.text_content()!r}")
+            assert held, "the view read its snapshot while the test held its reads"
+            holding = False
+            for route in held:
+                route.continue_()
+            wait_until(lambda: banner.get_by_role("button", name="Resume").count() == 0, "Resume no longer offered", 30)
             item(slow_view, "assistant", "").last.wait_for(timeout=60_000)
             wait_until(lambda: api(server, "GET", f"sessions/{paused}")["work"]["phase"] == "done", "it finished", 60)
 

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from jupyter_goals.clients.rest import GoalsError
 from jupyter_goals.models import RecoveryOutcome, recovery_outcome
 from tests.servers import ServerProcess, db_rows, server_env, shell_running, wait_for
 
@@ -107,9 +108,18 @@ def test_recovery_summary_after_kill_9_shows_continued_waiting_paused_and_stoppe
     assert by_session[stopped]["actions"]["can_end"] is False
     rows = db_rows(env["state"], "SELECT work_id, state FROM recovery_decisions WHERE state = 'reported'")
     assert sorted(r["work_id"] for r in rows) == sorted(i["work_id"] for i in summary["items"])
+    # each item carries the control version its actions were computed from: Resume taken on the summary
+    # is accepted with it (the pause bumped it: what the person saw before the restart is refused)
+    client = server.client()
+    for sid, item in by_session.items():
+        assert item["control_version"] == client.session(sid)["work"]["control_version"], sid
+    with pytest.raises(GoalsError) as stale:
+        client.action(paused, "resume", by_session[paused]["control_version"] - 1)
+    assert stale.value.status == 409
+    client.action(paused, "resume", by_session[paused]["control_version"])
+    assert client.session(paused)["work"]["desired_state"] == "run"
 
     # the continued chat really finishes, its command run once; the summary stays as it was recorded
-    client = server.client()
     assert client.wait(mid, timeout=60)["work"]["phase"] == "done"
     assert (env["root"] / "a.txt").read_text() == "a\n"
     later = get(server, "recovery")

@@ -484,6 +484,7 @@ class RecoveredItem(Answer):
     phase: str | None
     current_phase: Phase
     actions: Actions
+    control_version: int  # the work's control version `actions` were computed from: send it with an action taken on them
     mode: Literal["resume_checkpoint", "new_turn"] | None  # from its last safe checkpoint, or a new turn after repair
     unknown_outcomes: list[UnknownOutcome]
 

@@ -50,7 +50,7 @@ class ModelsHandler(GoalsHandler):
 class RecoveryHandler(GoalsHandler):
     """``GET /recovery`` → the last recovery pass after a server start: ``{recovered_at, host_name,
     boot_id, counts, items: [{work_id, session_id, session_title, kind, outcome, reason_code, reason,
-    decided_at, actions, mode, unknown_outcomes}]}``; ``?session_id=``: that session's items only."""
+    decided_at, actions, control_version, mode, unknown_outcomes}]}``; ``?session_id=``: that session's items only."""
 
     @tornado.web.authenticated
     @authorized

@@ -102,7 +102,8 @@ def last_pass(tx: Tx, host: str | None = None) -> tuple[dict[str, Any] | None, l
         return None, []
     rows = tx.all(
         "SELECT d.work_id, d.phase, d.reason_code, d.detail, d.created_at, s.session_id, s.title, w.kind AS w_kind,"
-        " w.desired_state AS w_desired, w.phase AS w_phase, w.reason_code AS w_reason_code, w.created_at AS w_created"
+        " w.desired_state AS w_desired, w.phase AS w_phase, w.reason_code AS w_reason_code, w.created_at AS w_created,"
+        " w.control_version AS w_control_version"
         " FROM recovery_decisions d JOIN work_items w ON w.work_id = d.work_id"
         " JOIN sessions s ON s.session_id = w.session_id WHERE d.claimed_by = ? AND d.state = 'reported'"
         " ORDER BY w.created_at",

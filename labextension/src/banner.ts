@@ -17,8 +17,11 @@ const DISMISSED_PREFIX = 'jupyter-goals:continuity-dismissed:';
 
 /** What the session view lends the banner: its controls and where its approval and call buttons are. */
 export interface IBannerHost {
-  /** A session action, sent with the control version the view shows. */
-  act(action: Extract<ISessionAction['action'], 'resume' | 'retry'>): Promise<void>;
+  /**
+   * A session action, sent with `version`: the control version of the work the banner read, the one its
+   * `actions` were computed from (the view's own snapshot may be older or newer than the banner's read).
+   */
+  act(action: Extract<ISessionAction['action'], 'resume' | 'retry'>, version: number): Promise<void>;
   /** Moves focus to the first pending approval's Approve button; false when there is none. */
   focusApproval(): boolean;
   /** Moves focus to the "It ran" button of a call whose outcome is unknown; false when it is not shown. */
@@ -142,10 +145,10 @@ export class ContinuityBanner {
     }
     const actions = item.actions;
     if (actions.can_resume) {
-      bar.append(button('Resume', 'goals-continuity-resume', () => void this._host.act('resume')));
+      bar.append(button('Resume', 'goals-continuity-resume', () => void this._act('resume', item)));
     }
     if (actions.can_retry) {
-      bar.append(button('Retry', 'goals-continuity-retry', () => void this._host.act('retry')));
+      bar.append(button('Retry', 'goals-continuity-retry', () => void this._act('retry', item)));
     }
     if (item.current_phase === 'waiting' && actions.reason_code === 'awaiting_approval') {
       bar.append(
@@ -160,6 +163,12 @@ export class ContinuityBanner {
       row.append(bar);
     }
     return row;
+  }
+
+  /** Acts on what the banner shows, then reads the pass again (its actions now, or the refusal's news). */
+  private async _act(action: 'resume' | 'retry', item: IRecoveryItem): Promise<void> {
+    await this._host.act(action, item.control_version);
+    await this.refresh();
   }
 
   private _say(row: HTMLElement, text: string): void {

@@ -71,10 +71,8 @@ export class SessionView extends Widget {
     this._error = el('div');
     this._alert = alertNode('goals-session-alert');
     this._banner = new ContinuityBanner(sessionId, this._settings, {
-      act: action => this._act(urls.sessionActions(this.sessionId), {
-        action,
-        ...(this._version !== null ? { expected_control_version: this._version } : {})
-      }),
+      act: (action, version) =>
+        this._act(urls.sessionActions(this.sessionId), { action, expected_control_version: version }),
       focusApproval: () => focusIn(this._approvals, '[data-testid="goals-approval-approve"]'),
       focusCall: callId => focusIn(this._transcript.node, `[data-call-id="${CSS.escape(callId)}"] button`)
     });
@@ -278,11 +276,16 @@ export class SessionView extends Widget {
     this.title.label = title;
     this.title.caption = `Goals session ${this.sessionId}`;
 
+    const work = snapshot.work;
+    const version = work?.control_version ?? null;
+    if (version !== this._version && this._version !== null && !this._banner.node.hidden) {
+      void this._banner.refresh(); // a control since the banner's read: its actions follow (Resume gone once resumed)
+    }
+    this._version = version;
+
     const model = await modelCatalog(this._settings).find(session.model ?? '');
     this._renderMeta(snapshot, model);
 
-    const work = snapshot.work;
-    this._version = work?.control_version ?? null;
     this._state.replaceChildren();
     if (work) {
       this._state.append(badge(work.phase, 'goals-session-phase'));
@@ -426,6 +429,7 @@ export class SessionView extends Widget {
   private readonly _error: HTMLElement;
   private readonly _alert: HTMLElement;
   private readonly _banner: ContinuityBanner;
+  /** The control version of the last snapshot rendered (a change refreshes a shown banner). */
   private _version: number | null = null;
   private readonly _approvals: HTMLElement;
   private readonly _draft: HTMLElement;
