@@ -5,8 +5,7 @@ An answer has exactly its keys (``extra="forbid"``: a key a lower layer adds wit
 bug found by the first test that reads the route, not data passed on unseen). A key is always present
 (null where it has no value) unless it is declared with ``omitted()``: such a key is left out when it
 has nothing to say, as the answers always did (``config_error``, ``budget_status``, a database's ``error``).
-``GET /health``'s models are beside the code that builds them, in ``server/health.py`` (and the OpenAPI
-document's in ``server/openapi.py``).
+``GET /health``'s models are in ``server/health.py``, the OpenAPI document's in ``server/openapi.py``.
 """
 
 from __future__ import annotations
@@ -484,7 +483,7 @@ class RecoveredItem(Answer):
     phase: str | None
     current_phase: Phase
     actions: Actions
-    control_version: int  # the work's control version `actions` were computed from: send it with an action taken on them
+    control_version: int  # the version ``actions`` were computed from: an action taken on them sends it
     mode: Literal["resume_checkpoint", "new_turn"] | None  # from its last safe checkpoint, or a new turn after repair
     unknown_outcomes: list[UnknownOutcome]
 
