@@ -113,7 +113,8 @@ def versions() -> dict[str, str | None]:
     return {"python": platform.python_version(), "jupyter_goals": pkg("jupyter_goals"),
             "jupyter_server": pkg("jupyter_server"), "sqlite": sqlite3.sqlite_version,
             "postgresql": pg_version(), "psycopg": pkg("psycopg"), "dbos": pkg("dbos"), "langgraph": pkg("langgraph"),
-            "langgraph-checkpoint-sqlite": pkg("langgraph-checkpoint-sqlite")}
+            "langgraph-checkpoint-sqlite": pkg("langgraph-checkpoint-sqlite"),
+            "langgraph-checkpoint-postgres": pkg("langgraph-checkpoint-postgres")}
 
 
 def pg_version() -> str | None:

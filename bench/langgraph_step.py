@@ -1,11 +1,13 @@
-"""A LangGraph checkpointed step (``SqliteSaver``), the second anchor of the per-step figure.
+"""A LangGraph checkpointed step (``SqliteSaver``, or ``PostgresSaver``), the second anchor of the per-step figure.
 
-The child process (``python bench/langgraph_step.py DIR``) serves rounds over stdin/stdout like the DBOS
+The child process (``python bench/langgraph_step.py DIR [POSTGRESQL_URL]``) serves rounds over stdin/stdout like the DBOS
 child of ``step_overhead.py``: a line ``steps K`` runs one graph whose single no-op node loops K times
 and answers the per-step seconds. Each step is one LangGraph super-step whose checkpoint is written with
 ``durability="sync"`` (persisted before the next step starts: the durable choice) by ``SqliteSaver`` on a
-real file, WAL, ``synchronous=FULL`` (the same settings as the others). A step's time is the time between
-two entries of the node: the node, the checkpoint commit and the graph's own bookkeeping.
+real file, WAL, ``synchronous=FULL`` (the same settings as the others), or with a PostgreSQL URL by
+``PostgresSaver`` on that server (``langgraph-checkpoint-postgres``; its tables in the URL's schema; the
+server's default ``synchronous_commit``: each checkpoint waited onto the disk). A step's time is the time
+between two entries of the node: the node, the checkpoint commit and the graph's own bookkeeping.
 """
 
 from __future__ import annotations
@@ -25,15 +27,31 @@ class LoopState(TypedDict):
     k: int
 
 
-def child(root: Path) -> None:
+def child(root: Path, pg_url: str | None = None) -> None:
+    from contextlib import ExitStack
     from importlib.metadata import version
 
-    from langgraph.checkpoint.sqlite import SqliteSaver
     from langgraph.graph import END, START, StateGraph
 
-    conn = sqlite3.connect(str(root / "langgraph.sqlite"), check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
+    stack = ExitStack()
+    if pg_url is None:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        conn = sqlite3.connect(str(root / "langgraph.sqlite"), check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        saver: Any = SqliteSaver(conn)
+        settings = {"journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
+                    "synchronous": conn.execute("PRAGMA synchronous").fetchone()[0]}
+        package = "langgraph-checkpoint-sqlite"
+    else:
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+        saver = stack.enter_context(PostgresSaver.from_conn_string(pg_url))
+        saver.setup()
+        row = saver.conn.execute("SHOW synchronous_commit").fetchone()
+        settings = {"synchronous_commit": row["synchronous_commit"] if isinstance(row, dict) else row[0]}
+        package = "langgraph-checkpoint-postgres"
     stamps: list[float] = []
 
     def tick(s: LoopState) -> dict[str, int]:
@@ -44,44 +62,47 @@ def child(root: Path) -> None:
     g.add_node("tick", tick)  # type: ignore[call-overload]
     g.add_edge(START, "tick")
     g.add_conditional_edges("tick", lambda s: "tick" if s["i"] < s["k"] else END)
-    app = g.compile(checkpointer=SqliteSaver(conn))
+    app = g.compile(checkpointer=saver)
 
     def send(obj: Any) -> None:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
 
-    pragmas = {"journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
-               "synchronous": conn.execute("PRAGMA synchronous").fetchone()[0]}
-    send({"ok": True, "version": version("langgraph"), "saver": version("langgraph-checkpoint-sqlite"),
-          "pragmas": pragmas})
-    for line in sys.stdin:
-        cmd = line.split()
-        if not cmd or cmd[0] != "steps":
-            break
-        k = int(cmd[1])
-        stamps.clear()
-        app.invoke({"i": 0, "k": k + 1}, {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": k + 10},
-                   durability="sync")
-        send({"steps": [b - a for a, b in zip(stamps, stamps[1:], strict=False)]})
+    send({"ok": True, "version": version("langgraph"), "saver": version(package), "pragmas": settings})
+    with stack:
+        for line in sys.stdin:
+            cmd = line.split()
+            if not cmd or cmd[0] != "steps":
+                break
+            k = int(cmd[1])
+            stamps.clear()
+            app.invoke({"i": 0, "k": k + 1},
+                       {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": k + 10}, durability="sync")
+            send({"steps": [b - a for a, b in zip(stamps, stamps[1:], strict=False)]})
 
 
 class LangGraphRunner:
     """The parent's handle on the child: ``steps(k)`` keeps that round's per-step seconds."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, pg_url: str | None = None) -> None:
+        """``pg_url``: ``PostgresSaver`` on that PostgreSQL URL (its tables in the URL's schema); else ``SqliteSaver``."""
         self.proc: subprocess.Popen[str] | None = None
         self.rounds: list[list[float]] = []
+        package = "langgraph-checkpoint-sqlite" if pg_url is None else "langgraph-checkpoint-postgres"
         try:
-            import langgraph.checkpoint.sqlite  # noqa: F401
+            if pg_url is None:
+                import langgraph.checkpoint.sqlite  # noqa: F401
+            else:
+                import langgraph.checkpoint.postgres  # noqa: F401
         except ImportError as exc:
-            self.info: dict[str, Any] = {"ok": False, "reason": f"langgraph-checkpoint-sqlite is not installed ({exc});"
+            self.info: dict[str, Any] = {"ok": False, "reason": f"{package} is not installed ({exc});"
                                                                  " run: pip install -e '.[bench]'"}
             return
         d = root / "langgraph"
         d.mkdir()
         self.stderr = open(d / "stderr.txt", "w+")  # noqa: SIM115 - a file, so a chatty child never blocks
-        self.proc = subprocess.Popen([sys.executable, __file__, str(d)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, text=True)
+        self.proc = subprocess.Popen([sys.executable, __file__, str(d), *([pg_url] if pg_url else [])],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
         self.info = self._recv() or self.info
 
     def _recv(self) -> dict[str, Any] | None:
@@ -118,4 +139,4 @@ class LangGraphRunner:
 
 
 if __name__ == "__main__":
-    child(Path(sys.argv[1]))
+    child(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)

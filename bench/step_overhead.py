@@ -508,10 +508,10 @@ class DbosRunner:
 
 def run(n: int = 2000, *, warmup: int = 200, rounds: int = 10, dbos: bool = True, langgraph: bool = False,
         breakdown_calls: bool = False, parent: str | None = None, control_url: str | None = None,
-        raw_url: str | None = None, dbos_url: str | None = None) -> dict[str, Any]:
+        raw_url: str | None = None, dbos_url: str | None = None, langgraph_url: str | None = None) -> dict[str, Any]:
     """Measure, interleaved in ``rounds``: jupyter_goals' two commits per tool call, raw sqlite3 (or raw
     PostgreSQL when ``raw_url`` is given, with ``control_url`` the jupyter_goals store on the same server),
-    a DBOS step and a LangGraph checkpointed step. Returns the figures (see the module's JSON keys)."""
+    a DBOS step and a LangGraph checkpointed step (``PostgresSaver`` on ``langgraph_url`` when given). Returns the figures (see the module's JSON keys)."""
     if n < 1 or warmup < 0:
         raise ValueError("n must be at least 1 and warmup at least 0")
     load_before = os.getloadavg()[0]
@@ -528,7 +528,7 @@ def run(n: int = 2000, *, warmup: int = 200, rounds: int = 10, dbos: bool = True
                 from bench.langgraph_step import LangGraphRunner
             else:  # run as a script: bench/ is on sys.path
                 from langgraph_step import LangGraphRunner  # type: ignore[no-redef]
-            lg = LangGraphRunner(root)
+            lg = LangGraphRunner(root, langgraph_url)
         rounds = max(1, min(rounds, n))
         per = [n // rounds + (1 if i < n % rounds else 0) for i in range(rounds)]
         raw_ids = raw.prepare(warmup + n)
