@@ -250,8 +250,8 @@ class Queries:
                 "outcome": outcome, "reason_code": r["reason_code"] or "",
                 "reason": r["detail"].get("reason") or reason_text(r["reason_code"] or ""),
                 "decided_at": r["created_at"], "phase": r["phase"], "current_phase": r["w_phase"],
-                "actions": actions_for(now), "control_version": int(r["w_control_version"]), "mode": r["detail"].get("mode"),
-                "unknown_outcomes": r["detail"].get("unknown") or [],
+                "actions": actions_for(now), "control_version": int(r["w_control_version"]),
+                "mode": r["detail"].get("mode"), "unknown_outcomes": r["detail"].get("unknown") or [],
             }))
         return a.RecoverySummary(recovered_at=header["at"] if header else None,
                                  host_name=header["host_name"] if header else host_name(),
