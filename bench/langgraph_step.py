@@ -22,6 +22,11 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 
+def saver_package(pg_url: str | None) -> str:
+    """The distribution of the checkpointer measured: ``PostgresSaver``'s with a URL, else ``SqliteSaver``'s."""
+    return "langgraph-checkpoint-sqlite" if pg_url is None else "langgraph-checkpoint-postgres"
+
+
 class LoopState(TypedDict):
     i: int
     k: int
@@ -43,15 +48,13 @@ def child(root: Path, pg_url: str | None = None) -> None:
         saver: Any = SqliteSaver(conn)
         settings = {"journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
                     "synchronous": conn.execute("PRAGMA synchronous").fetchone()[0]}
-        package = "langgraph-checkpoint-sqlite"
     else:
         from langgraph.checkpoint.postgres import PostgresSaver
 
         saver = stack.enter_context(PostgresSaver.from_conn_string(pg_url))
         saver.setup()
-        row = saver.conn.execute("SHOW synchronous_commit").fetchone()
-        settings = {"synchronous_commit": row["synchronous_commit"] if isinstance(row, dict) else row[0]}
-        package = "langgraph-checkpoint-postgres"
+        row = saver.conn.execute("SHOW synchronous_commit").fetchone()  # a dict: the saver's connection's rows
+        settings = {"synchronous_commit": row["synchronous_commit"]}
     stamps: list[float] = []
 
     def tick(s: LoopState) -> dict[str, int]:
@@ -68,7 +71,7 @@ def child(root: Path, pg_url: str | None = None) -> None:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
 
-    send({"ok": True, "version": version("langgraph"), "saver": version(package), "pragmas": settings})
+    send({"ok": True, "version": version("langgraph"), "saver": version(saver_package(pg_url)), "pragmas": settings})
     with stack:
         for line in sys.stdin:
             cmd = line.split()
@@ -88,14 +91,13 @@ class LangGraphRunner:
         """``pg_url``: ``PostgresSaver`` on that PostgreSQL URL (its tables in the URL's schema); else ``SqliteSaver``."""
         self.proc: subprocess.Popen[str] | None = None
         self.rounds: list[list[float]] = []
-        package = "langgraph-checkpoint-sqlite" if pg_url is None else "langgraph-checkpoint-postgres"
         try:
             if pg_url is None:
                 import langgraph.checkpoint.sqlite  # noqa: F401
             else:
                 import langgraph.checkpoint.postgres  # noqa: F401
         except ImportError as exc:
-            self.info: dict[str, Any] = {"ok": False, "reason": f"{package} is not installed ({exc});"
+            self.info: dict[str, Any] = {"ok": False, "reason": f"{saver_package(pg_url)} is not installed ({exc});"
                                                                  " run: pip install -e '.[bench]'"}
             return
         d = root / "langgraph"

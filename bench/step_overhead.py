@@ -511,7 +511,8 @@ def run(n: int = 2000, *, warmup: int = 200, rounds: int = 10, dbos: bool = True
         raw_url: str | None = None, dbos_url: str | None = None, langgraph_url: str | None = None) -> dict[str, Any]:
     """Measure, interleaved in ``rounds``: jupyter_goals' two commits per tool call, raw sqlite3 (or raw
     PostgreSQL when ``raw_url`` is given, with ``control_url`` the jupyter_goals store on the same server),
-    a DBOS step and a LangGraph checkpointed step (``PostgresSaver`` on ``langgraph_url`` when given). Returns the figures (see the module's JSON keys)."""
+    a DBOS step and a LangGraph checkpointed step (``PostgresSaver`` on ``langgraph_url`` when given).
+    Returns the figures (see the module's JSON keys)."""
     if n < 1 or warmup < 0:
         raise ValueError("n must be at least 1 and warmup at least 0")
     load_before = os.getloadavg()[0]

@@ -20,6 +20,16 @@ def _size(quick: bool, full: int, minimum: int = 1) -> int:
     return max(minimum, full // 10) if quick else full
 
 
+def _faster(name: str, where: str, r: dict[str, Any], anchor: str, label: str, short: str) -> Figure:
+    """A row "a tool call vs one ``anchor`` step" of ``step_overhead.run``'s result ``r`` (``anchor``: ``dbos``
+    or ``langgraph``): ratio = how many times faster, target 3x; ``short``: what limits it below that."""
+    step_us, other = r["step_overhead_us"], r[f"{anchor}_step_us"]
+    ratio = None if other is None else rnd(other / step_us)
+    return Figure(name, f"a tool call vs one {label.split(' ')[0]} step{where} (ratio = how many times faster)",
+                  step_us, "µs", other, label, ratio, "≥ 3x faster", None if ratio is None else ratio >= 3,
+                  r[f"{anchor}_error"] or (short if ratio is not None and ratio < 3 else ""))
+
+
 def step(quick: bool, ctx: dict[str, Any]) -> list[Figure]:
     from bench import step_overhead
 
@@ -34,17 +44,10 @@ def step(quick: bool, ctx: dict[str, Any]) -> list[Figure]:
     rows = [Figure("step_overhead_us", f"a tool call's two commits, the first waited for (TurnRunner, SQLite), n={n}",
                    step_us, "µs", raw_us, "raw sqlite3, the same two commits, the same durability", r["ratio_vs_raw"],
                    "≤ 1.5x raw", r["ratio_vs_raw"] <= 1.5, why if r["ratio_vs_raw"] > 1.5 else "", detail=r)]
-    for key, label, err in (("dbos_step_us", f"DBOS {r['detail']['dbos'].get('version', '')} step", "dbos_error"),
-                            ("langgraph_step_us", f"LangGraph {r['detail']['langgraph'].get('version', '')} SqliteSaver step",
-                             "langgraph_error")):
-        other = r[key]
-        ratio = None if other is None else rnd(other / step_us)
-        rows.append(Figure(f"step_vs_{key.split('_')[0]}", f"a tool call vs one {label.split(' ')[0]} step "
-                           "(ratio = how many times faster)", step_us, "µs", other, label, ratio, "≥ 3x faster",
-                           None if ratio is None else ratio >= 3,
-                           r[err] or ("one fsync per step on both sides; the figure is one fsync and our CPU "
-                                      "(see step_overhead_us)" if ratio is not None and ratio < 3 else "")))
-    return rows
+    short = "one fsync per step on both sides; the figure is one fsync and our CPU (see step_overhead_us)"
+    return [*rows, _faster("step_vs_dbos", "", r, "dbos", f"DBOS {r['detail']['dbos'].get('version', '')} step", short),
+            _faster("step_vs_langgraph", "", r, "langgraph",
+                    f"LangGraph {r['detail']['langgraph'].get('version', '')} SqliteSaver step", short)]
 
 
 def step_pg(quick: bool, ctx: dict[str, Any]) -> list[Figure]:
@@ -57,28 +60,19 @@ def step_pg(quick: bool, ctx: dict[str, Any]) -> list[Figure]:
                               control_url=urls["control"], raw_url=urls["raw"], dbos_url=dbos_url,
                               langgraph_url=urls["langgraph"])
     ratio = r["ratio_vs_raw"]
-    dbos_us, lg_us = r["dbos_step_us"], r["langgraph_step_us"]
-    vs = rnd(dbos_us / r["step_overhead_us"]) if dbos_us else None
-    vs_lg = rnd(lg_us / r["step_overhead_us"]) if lg_us else None
     return [Figure("step_overhead_pg_us", f"a tool call's two durable commits on PostgreSQL, n={n}", r["step_overhead_us"],
                    "µs", r["raw_sqlite_us"], "raw psycopg, the same two commits", ratio, "≤ 1.5x raw", ratio <= 1.5,
                    "" if ratio <= 1.5 else "13 round trips to the server per call against the baseline's 7 (BEGIN, "
                    "two fence reads, two effect updates, three events, a transcript item and its key check, COMMIT x2; "
                    "an event and its counter are one statement since 2026-12-07, 18 round trips before), and our "
                    "Python between them", detail=r),
-            Figure("step_vs_dbos_pg", "a tool call vs one DBOS step, both on PostgreSQL (ratio = how many times faster)",
-                   r["step_overhead_us"], "µs", dbos_us,
-                   f"DBOS {r['detail']['dbos'].get('version', '')} step, PostgreSQL system database", vs, "≥ 3x faster",
-                   None if vs is None else vs >= 3,
-                   r["dbos_error"] or ("" if vs is not None and vs >= 3 else "DBOS commits one row per step in one "
-                                       "round trip or two; we make 13 (see step_overhead_pg_us)")),
-            Figure("step_vs_langgraph_pg", "a tool call vs one LangGraph step, both on PostgreSQL (ratio = how many "
-                   "times faster)", r["step_overhead_us"], "µs", lg_us,
-                   f"LangGraph {r['detail']['langgraph'].get('version', '')} PostgresSaver step", vs_lg, "≥ 3x faster",
-                   None if vs_lg is None else vs_lg >= 3,
-                   r["langgraph_error"] or ("" if vs_lg is not None and vs_lg >= 3 else "LangGraph's step is two or "
-                                            "three statements, each its own commit (autocommit); we make 13 round "
-                                            "trips in two transactions (see step_overhead_pg_us)"))]
+            _faster("step_vs_dbos_pg", ", both on PostgreSQL", r, "dbos",
+                    f"DBOS {r['detail']['dbos'].get('version', '')} step, PostgreSQL system database",
+                    "DBOS commits one row per step in one round trip or two; we make 13 (see step_overhead_pg_us)"),
+            _faster("step_vs_langgraph_pg", ", both on PostgreSQL", r, "langgraph",
+                    f"LangGraph {r['detail']['langgraph'].get('version', '')} PostgresSaver step",
+                    "LangGraph's step is two or three statements, each its own commit (autocommit); we make 13 round "
+                    "trips in two transactions (see step_overhead_pg_us)")]
 
 
 def throughput(quick: bool, ctx: dict[str, Any]) -> list[Figure]:
