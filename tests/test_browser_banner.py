@@ -201,7 +201,8 @@ def test_the_banner_offers_approve_for_a_waiting_call_and_resume_for_paused_work
     The view's own reads of the paused chat are held from before the pause until after Resume is clicked, so
     the view still shows the version before the pause: the banner acts on what it read itself, the version its
     actions were computed from (with the view's version the server refused the Resume as stale, 409: seen
-    once in CI, where the view's read after the restart came after the banner's)."""
+    once in CI, where the view's read after the restart came after the banner's). A control made after the
+    banner's read gets its Resume refused once: the refusal reads the banner again and the next click is taken."""
     model = write_script(tmp_path / "ask.json", [{"when": {"last_tool_result_contains": ""}, "respond": {"text": "written"}}],
                          default={"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}]})
     with run_jupyter_lab(tmp_path) as server:
@@ -235,8 +236,19 @@ def test_the_banner_offers_approve_for_a_waiting_call_and_resume_for_paused_work
             banner = slow_view.get_by_role("region", name="After the restart")
             banner.wait_for(timeout=60_000)
             wait_until(lambda: banner.get_by_role("button", name="Resume").count() == 1, "Resume offered", 60)
+            # a control since the banner's read (a permission change over REST bumps the version, the work stays
+            # paused; the view's reads are held, so nothing reads the banner again): its Resume is refused 409,
+            # and the refusal reads the banner again, so the next click is taken
+            shown = api(server, "GET", f"sessions/{paused}")["work"]["control_version"]
+            api(server, "PATCH", f"sessions/{paused}", {"permissions": {"mode": "bypass"},
+                                                        "expected_control_version": shown})
+            stale = banner.get_by_role("button", name="Resume").element_handle()
             click_past_connection_errors(lab, banner.get_by_role("button", name="Resume"))
+            stale.wait_for_element_state("hidden", timeout=20_000)  # replaced: the banner was read again
             alert = slow_view.get_by_test_id("goals-session-alert")
+            assert "Conflict (409)" in (alert.text_content() or ""), alert.text_content()
+            assert api(server, "GET", f"sessions/{paused}")["work"]["desired_state"] == "paused"
+            click_past_connection_errors(lab, banner.get_by_role("button", name="Resume"))
             wait_until(lambda: api(server, "GET", f"sessions/{paused}")["work"]["desired_state"] == "run",
                        "the work resumed", 20, lambda: f"the view's alert: {alert.text_content()!r}")
             assert held, "the view read its snapshot while the test held its reads"

@@ -20,8 +20,9 @@ export interface IBannerHost {
   /**
    * A session action, sent with `version`: the control version of the work the banner read, the one its
    * `actions` were computed from (the view's own snapshot may be older or newer than the banner's read).
+   * True when the server took it: the view then renders the new control version and reads the banner again.
    */
-  act(action: Extract<ISessionAction['action'], 'resume' | 'retry'>, version: number): Promise<void>;
+  act(action: Extract<ISessionAction['action'], 'resume' | 'retry'>, version: number): Promise<boolean>;
   /** Moves focus to the first pending approval's Approve button; false when there is none. */
   focusApproval(): boolean;
   /** Moves focus to the "It ran" button of a call whose outcome is unknown; false when it is not shown. */
@@ -165,10 +166,14 @@ export class ContinuityBanner {
     return row;
   }
 
-  /** Acts on what the banner shows, then reads the pass again (its actions now, or the refusal's news). */
+  /**
+   * Acts on what the banner shows. Refused (a control since the banner's read), it reads the pass again so
+   * its actions and version are today's; taken, the view's new control version reads it (not twice).
+   */
   private async _act(action: 'resume' | 'retry', item: IRecoveryItem): Promise<void> {
-    await this._host.act(action, item.control_version);
-    await this.refresh();
+    if (!(await this._host.act(action, item.control_version))) {
+      await this.refresh();
+    }
   }
 
   private _say(row: HTMLElement, text: string): void {

@@ -71,8 +71,12 @@ export class SessionView extends Widget {
     this._error = el('div');
     this._alert = alertNode('goals-session-alert');
     this._banner = new ContinuityBanner(sessionId, this._settings, {
-      act: (action, version) =>
-        this._act(urls.sessionActions(this.sessionId), { action, expected_control_version: version }),
+      act: async (action, version) => {
+        const body = { action, expected_control_version: version };
+        const ok = await postAction(urls.sessionActions(this.sessionId), body, this._settings, this._alert);
+        void this.refresh(); // the banner answers now: taken, this read's new version reads it again
+        return ok;
+      },
       focusApproval: () => focusIn(this._approvals, '[data-testid="goals-approval-approve"]'),
       focusCall: callId => focusIn(this._transcript.node, `[data-call-id="${CSS.escape(callId)}"] button`)
     });

@@ -417,12 +417,14 @@ export async function postAction(
   body: RequestBody,
   settings: ServerConnection.ISettings,
   alert: HTMLElement
-): Promise<void> {
+): Promise<boolean> {
   try {
     await postGoalsAPI(path, body, settings);
     showAlert(alert, null);
+    return true;
   } catch (error) {
     showAlert(alert, actionErrorText(error));
+    return false;
   }
 }
 
