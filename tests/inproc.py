@@ -18,6 +18,7 @@ from typing import Any
 
 from jupyter_goals.config import GoalsConfig
 from jupyter_goals.goals import lifecycle
+from jupyter_goals.host.effect_files import group_members, kill_shell
 from jupyter_goals.identity import ProcessIdentity, boot_id, host_name
 from jupyter_goals.models import Requirement
 from jupyter_goals.recovery.coordinator import Coordinator, RecoveryReport
@@ -123,6 +124,15 @@ class Rig:
                 return next(iter(now - before)).parent
             await asyncio.sleep(0.02)
         raise TimeoutError("no shell process was spawned")
+
+    async def kill_command(self, effect_dir: Path, within_s: float = 10.0) -> None:
+        """SIGKILL a call's shell process group and wait until none of it lives (the signal is delivered
+        asynchronously: a recovery run at once may still see the command running and reattach to it)."""
+        assert kill_shell(effect_dir), f"no live command in {effect_dir}"
+        deadline = time.monotonic() + within_s
+        while group_members(effect_dir):
+            assert time.monotonic() < deadline, f"the command's process group in {effect_dir} did not end"
+            await asyncio.sleep(0.02)
 
     def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[Row]:
         return self.db.transact(lambda tx: tx.all(sql, params), write=False)

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from jupyter_goals.host.effect_files import kill_shell
 from jupyter_goals.store.db import VersionConflict
 from tests.inproc import Rig
 
@@ -68,8 +67,7 @@ def last_text(rig: Rig, sid: str) -> str:
 async def crash_with_unknown_shell(rig: Rig, sid: str) -> None:
     """The worker dies while ``shell`` runs and the tool's process group is killed too: unknown."""
     effect_dir = await rig.crash_after_spawn()
-    assert kill_shell(effect_dir)
-    await asyncio.sleep(0.1)
+    await rig.kill_command(effect_dir)
     report = await rig.recover()
     assert "new_turn" in report.recovered.values()
 

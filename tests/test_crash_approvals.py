@@ -14,8 +14,18 @@ from typing import Any
 import pytest
 
 from jupyter_goals.clients.rest import GoalsError
-from jupyter_goals.host.effect_files import kill_shell, shell_alive
-from tests.servers import ROOT, ServerProcess, db_rows, fired, lines, spawned, stored_server_env, wait_spawned
+from jupyter_goals.host.effect_files import group_members, kill_shell, shell_alive
+from tests.servers import (
+    ROOT,
+    ServerProcess,
+    db_rows,
+    fired,
+    lines,
+    spawned,
+    stored_server_env,
+    wait_for,
+    wait_spawned,
+)
 from tests.storekit import Backend
 
 pytestmark = pytest.mark.slow
@@ -142,6 +152,7 @@ def test_killed_tool_process_is_unknown_and_restricts_the_next_turn(env: dict[st
     assert fired(state, "tool.after_dispatch")
     [effect_dir] = effect_dirs(state)
     assert kill_shell(effect_dir)  # the tool's process group dies too
+    wait_for(lambda: not group_members(effect_dir), 10, "the command's process group to end")
 
     server = env["make"](extra).start()
     cl = server.client()

@@ -21,7 +21,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyter_goals.host.effect_files import kill_shell
 from jupyter_goals.models import Capability, GoalState, Permissions
 from jupyter_goals.recovery.facts import scope_lost
 from jupyter_goals.runtime.permissions import CallFacts, check_call, glob_base, read_fence, secret_places
@@ -364,7 +363,7 @@ async def test_after_unknown_effects_a_read_outside_needs_one_approval_bound_to_
     sid = rig.session({"mode": "ask", "allow": ["shell"]})
     work_id = rig.send(sid, "longread")
     effect_dir = await rig.crash_after_spawn()
-    assert kill_shell(effect_dir)
+    await rig.kill_command(effect_dir)
     await rig.recover()
     [shell] = rig.rows("SELECT call_id, state FROM effects WHERE tool = 'shell'")
     assert shell["state"] == "unknown"

@@ -115,8 +115,7 @@ async def unknown_shell(rig: Rig, sid: str) -> dict[str, Any]:
     """The worker dies while ``shell`` runs and the command's process group is killed too: its outcome is
     unknown; the next turn's write waits for the approval that follows it. → the shell effect row."""
     effect_dir = await rig.crash_after_spawn()
-    assert kill_shell(effect_dir)
-    await asyncio.sleep(0.1)
+    await rig.kill_command(effect_dir)
     assert "new_turn" in (await rig.recover()).recovered.values()
     await rig.run_until_quiet()
     [eff] = rig.rows("SELECT effect_id, call_id, state FROM effects WHERE tool = 'shell'")
